@@ -1,0 +1,47 @@
+# fedcomm: `make repro` runs the default experiment, `make test` runs the test suite.
+# Both create the local virtualenv (.venv) first if needed. `make help` lists every target.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: help venv repro test test-fast lint typecheck check bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=python3)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# the CPU build of torch first, so nothing pulls a multi-GB CUDA build
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv and install fedcomm with its dev tools
+
+repro: $(STAMP)  ## run the default experiment (dvc repro) -> reports/summary.md
+	$(BIN)/dvc repro
+
+test: $(STAMP)  ## the whole test suite (unit, contract, pipeline; slow tests included)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)  ## the test suite without slow tests
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)  ## ruff lint + format check
+	$(BIN)/ruff check src tests stages benchmarks
+	$(BIN)/ruff format --check src tests stages benchmarks
+
+typecheck: $(STAMP)  ## mypy --strict on src/
+	$(BIN)/mypy
+
+check: lint typecheck test-fast  ## lint, types, fast tests
+
+bench: $(STAMP)  ## speed benchmark (FedAvg, MNIST MLP, 1000 clients): s/round and peak memory
+	$(BIN)/python benchmarks/fedavg_mnist.py
+
+clean:  ## remove the virtualenv and caches (not results)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

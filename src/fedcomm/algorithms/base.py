@@ -1,0 +1,192 @@
+"""The algorithm contract and registry.
+
+An algorithm is a frozen value of pure functions over explicit state (FedJAX's container,
+optax's state discipline), built from its pydantic config by a registered builder:
+
+* ``init_server(params, ctx) -> server_state`` from the initial model parameters;
+* ``init_client(client_id) -> client_state`` for a client's first participation;
+* ``broadcast(server_state, client_id, client_state, ctx) -> Payload`` the downlink message;
+* ``client_update(downlink, client_state, data, ctx) -> ClientResult`` local work on the
+  *decoded* downlink; returns the uplink payload, the new client state and the model the client
+  ends the round with (its "last upload" for local accuracy);
+* ``server_update(server_state, uplinks, ctx) -> server_state`` from the decoded uplinks;
+* ``global_params(server_state) -> Params`` the model evaluated globally and saved.
+
+The round loop (:mod:`fedcomm.simulation.loop`) owns sampling, encoding, accounting and
+evaluation; algorithms never see the ledger. Adding an algorithm = one module with a ``Config``
+(``name: Literal[...]``) and a ``@register(Config)`` builder; the contract tests pick it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor, nn
+
+from fedcomm.algorithms._local import LocalConfig
+from fedcomm.comm.payload import Payload
+from fedcomm.server_opt import ServerOptConfig
+from fedcomm.types import Params
+
+ServerState = Any
+ClientState = Any
+
+
+class AlgorithmConfig(BaseModel):
+    """Base of every algorithm's config; subclasses add ``name: Literal["..."]`` and fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    server: ServerOptConfig = Field(default_factory=ServerOptConfig)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's pre-tensorised split: ``x`` ``(n, ...)``, ``y`` ``(n,)`` or ``(n, T)``."""
+
+    x: Tensor
+    y: Tensor
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.x.shape[0])
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What every function of a round may know: the round and a generator for it."""
+
+    round_: int
+    generator: torch.Generator
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """A client's view of the round: the reused model structure, local hyper-parameters and its
+    own generator, seeded by ``(seed, round, client_id)``."""
+
+    round_: int
+    client_id: int
+    model: nn.Module  # structure only: parameters are passed explicitly (torch.func style)
+    local: LocalConfig
+    generator: torch.Generator
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What ``client_update`` returns."""
+
+    uplink: Payload
+    state: ClientState
+    local_params: Params  # the model the client ends the round with (its "last upload")
+    num_examples: int
+    metrics: Mapping[str, float] = field(default_factory=dict)  # e.g. {"train/loss": ...}
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """A decoded uplink as the server sees it."""
+
+    client_id: int
+    num_examples: int
+    tensors: Mapping[str, Tensor]
+
+
+@dataclass(frozen=True)
+class FedAlgorithm:
+    """An FL algorithm as a value of pure functions over explicit state."""
+
+    name: str
+    config: AlgorithmConfig
+    init_server: Callable[[Params, RoundContext], ServerState]
+    init_client: Callable[[int], ClientState]
+    broadcast: Callable[[ServerState, int, ClientState, RoundContext], Payload]
+    client_update: Callable[
+        [Mapping[str, Tensor], ClientState, ClientData, ClientContext], ClientResult
+    ]
+    server_update: Callable[[ServerState, Sequence[Uplink], RoundContext], ServerState]
+    global_params: Callable[[ServerState], Params]
+    server_metrics: Callable[[ServerState], Mapping[str, float]] = lambda s: {}
+
+
+C = TypeVar("C", bound=AlgorithmConfig)
+Builder = Callable[[Any], FedAlgorithm]
+
+ALGORITHMS: dict[str, Builder] = {}
+CONFIGS: dict[str, type[AlgorithmConfig]] = {}
+
+
+def config_name(config_cls: type[AlgorithmConfig]) -> str:
+    """The ``name`` literal of an algorithm config class."""
+    field_info = config_cls.model_fields["name"]
+    args = getattr(field_info.annotation, "__args__", ())
+    if len(args) != 1 or not isinstance(args[0], str):
+        raise TypeError(f"{config_cls.__name__}.name must be Literal['<one name>']")
+    return args[0]
+
+
+def register(config_cls: type[C]) -> Callable[[Callable[[C], FedAlgorithm]], Callable[[C], FedAlgorithm]]:
+    """Register ``build(cfg) -> FedAlgorithm`` for the algorithm named by ``config_cls``."""
+    name = config_name(config_cls)
+
+    def deco(build: Callable[[C], FedAlgorithm]) -> Callable[[C], FedAlgorithm]:
+        if name in ALGORITHMS:
+            raise ValueError(f"algorithm {name!r} registered twice")
+        ALGORITHMS[name] = build
+        CONFIGS[name] = config_cls
+        return build
+
+    return deco
+
+
+def build_algorithm(cfg: AlgorithmConfig) -> FedAlgorithm:
+    """The algorithm for a validated config."""
+    try:
+        build = ALGORITHMS[cfg.name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {cfg.name!r}; registered: {sorted(ALGORITHMS)}") from None
+    return build(cfg)
+
+
+# --- shared pieces every algorithm composes ------------------------------------------------
+
+
+def weighted_mean(
+    tensors: Sequence[Mapping[str, Tensor]], weights: Sequence[float], keys: Sequence[str] | None = None
+) -> Params:
+    """``Σ_k w_k t_k / Σ_k w_k`` per key (keys default to those of the first mapping)."""
+    if not tensors:
+        raise ValueError("weighted_mean of no tensors")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights must sum to > 0, got {list(weights)}")
+    names = list(tensors[0]) if keys is None else list(keys)
+    out: Params = {}
+    for name in names:
+        acc = torch.zeros_like(tensors[0][name])
+        for t, w in zip(tensors, weights, strict=True):
+            acc.add_(t[name], alpha=w / total)
+        out[name] = acc
+    return out
+
+
+def client_weights(uplinks: Sequence[Uplink], weighting: str) -> list[float]:
+    """Aggregation weights: by example count (``num_examples``) or equal (``uniform``)."""
+    if weighting == "uniform":
+        return [1.0] * len(uplinks)
+    return [float(u.num_examples) for u in uplinks]
+
+
+def subtract(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Params:
+    """``a - b`` per key of ``a``."""
+    return {k: a[k] - b[k] for k in a}
+
+
+def clone_params(params: Mapping[str, Tensor]) -> Params:
+    """Detached copies."""
+    return {k: v.detach().clone() for k, v in params.items()}

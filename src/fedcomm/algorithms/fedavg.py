@@ -1,0 +1,100 @@
+"""FedAvg with a composable server optimizer (FedAvgM, FedAdam are presets of ``server``).
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data",
+AISTATS 2017 (arXiv:1602.05629); server optimizers as in Reddi et al., "Adaptive Federated
+Optimization", ICLR 2021 (arXiv:2003.00295).
+
+Round ``t``: the server sends ``w_t`` densely; client ``k`` runs local SGD from ``w_t`` and
+uploads ``Δ_k = w_k − w_t`` densely; the server forms ``Δ = Σ_k n_k Δ_k / Σ_k n_k`` (or the
+uniform mean) and applies ``w_{t+1} = w_t + server_opt(Δ)``. With ``server.optimizer=sgd`` and
+``lr=1`` this is plain model averaging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from fedcomm.algorithms import _local
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    FedAlgorithm,
+    RoundContext,
+    Uplink,
+    client_weights,
+    clone_params,
+    register,
+    subtract,
+    weighted_mean,
+)
+from fedcomm.comm.codecs import encode_dense
+from fedcomm.comm.payload import Payload
+from fedcomm.server_opt import OptState, Transform, apply_step
+from fedcomm.types import Params
+
+
+class Config(AlgorithmConfig):
+    name: Literal["fedavg"] = "fedavg"
+    weighting: Literal["num_examples", "uniform"] = "num_examples"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: Params
+    opt_state: OptState
+
+
+def make(
+    cfg: AlgorithmConfig,
+    weighting: str,
+    grad_hook_for: _local.GradHookFactory | None = None,
+) -> FedAlgorithm:
+    """FedAvg's functions; ``grad_hook_for(w_t)`` adds a local gradient term (FedProx)."""
+    opt: Transform = cfg.server.build()
+
+    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+        return ServerState(clone_params(params), opt.init(params))
+
+    def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
+        return encode_dense(state.params)
+
+    def client_update(
+        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
+    ) -> ClientResult:
+        hook = grad_hook_for(down) if grad_hook_for is not None else None
+        res = _local.local_sgd(ctx.model, down, data, ctx.local, ctx.generator, grad_hook=hook)
+        return ClientResult(
+            uplink=encode_dense(subtract(res.params, down)),
+            state=None,
+            local_params=res.params,
+            num_examples=data.num_examples,
+            metrics={"train/loss": res.loss},
+        )
+
+    def server_update(state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext) -> ServerState:
+        delta = weighted_mean([u.tensors for u in uplinks], client_weights(uplinks, weighting))
+        step, opt_state = opt.update(delta, state.opt_state)
+        return ServerState(apply_step(state.params, step), opt_state)
+
+    return FedAlgorithm(
+        name=cfg.name,
+        config=cfg,
+        init_server=init_server,
+        init_client=lambda client_id: None,
+        broadcast=broadcast,
+        client_update=client_update,
+        server_update=server_update,
+        global_params=lambda s: s.params,
+    )
+
+
+
+@register(Config)
+def build(cfg: Config) -> FedAlgorithm:
+    return make(cfg, cfg.weighting)

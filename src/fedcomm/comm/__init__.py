@@ -1,0 +1,1 @@
+"""Measured communication: payloads, the one bit-cost module, codecs and the ledger."""

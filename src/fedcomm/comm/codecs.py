@@ -1,0 +1,96 @@
+"""Codecs: tensors to payload entries and back.
+
+``encode_dense`` sends every value; ``encode_sparse`` sends the non-zeros with a bitmap or
+coordinate indices (the cheaper one unless a format is forced). Uplink compressors that wrap an
+algorithm's uplink (later: DGC, STC, LQ, SP, ...) are registered in :data:`COMPRESSORS` and act on
+a whole :class:`~fedcomm.comm.payload.Payload` with explicit per-client state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedcomm.comm import bits
+from fedcomm.comm.payload import Dense, Payload, Sparse
+
+
+def encode_dense(tensors: Mapping[str, Tensor], value_bits: int = bits.FLOAT_BITS) -> Payload:
+    """Every tensor sent densely."""
+    return Payload({k: Dense(v.detach(), value_bits) for k, v in tensors.items()})
+
+
+def encode_sparse_tensor(
+    t: Tensor, fmt: bits.IndexFormat = "auto", index_bits: int | None = None
+) -> Sparse:
+    """The non-zeros of ``t`` with their flat positions; ``fmt='auto'`` picks the cheaper index."""
+    flat = t.detach().reshape(-1)
+    positions = torch.nonzero(flat, as_tuple=False).reshape(-1)  # (nnz,) int64
+    chosen: bits.IndexFormat = fmt
+    if fmt == "auto":
+        chosen = bits.choose_index_format(int(positions.numel()), flat.numel(), index_bits)
+    return Sparse(flat[positions], positions, tuple(t.shape), chosen, index_bits)
+
+
+def encode_sparse(
+    tensors: Mapping[str, Tensor], fmt: bits.IndexFormat = "auto", index_bits: int | None = None
+) -> Payload:
+    """Every tensor as non-zero values plus positions (see :func:`encode_sparse_tensor`)."""
+    return Payload({k: encode_sparse_tensor(v, fmt, index_bits) for k, v in tensors.items()})
+
+
+def encode_auto(tensors: Mapping[str, Tensor]) -> Payload:
+    """Each tensor dense or sparse, whichever is smaller on the wire."""
+    entries: dict[str, Dense | Sparse] = {}
+    for k, v in tensors.items():
+        sparse = encode_sparse_tensor(v)
+        dense = Dense(v.detach())
+        entries[k] = sparse if sparse.nbits().total < dense.nbits().total else dense
+    return Payload(entries)
+
+
+# --- uplink compressors: Payload -> Payload with explicit per-client state ---------------------
+
+CompressorState = Any
+
+
+@dataclass(frozen=True)
+class Compressor:
+    """An uplink transform: ``encode(payload, state, generator) -> (payload, state)``.
+
+    ``init()`` gives a client's initial state (kept in the client store between rounds).
+    """
+
+    name: str
+    init: Callable[[], CompressorState]
+    encode: Callable[[Payload, CompressorState, torch.Generator], tuple[Payload, CompressorState]]
+
+
+def _identity() -> Compressor:
+    return Compressor("none", init=lambda: None, encode=lambda p, s, g: (p, s))
+
+
+COMPRESSORS: dict[str, Callable[..., Compressor]] = {"none": _identity}
+
+
+def register_compressor(name: str) -> Callable[[Callable[..., Compressor]], Callable[..., Compressor]]:
+    """Register a compressor factory under ``name``."""
+
+    def deco(factory: Callable[..., Compressor]) -> Callable[..., Compressor]:
+        if name in COMPRESSORS:
+            raise ValueError(f"compressor {name!r} registered twice")
+        COMPRESSORS[name] = factory
+        return factory
+
+    return deco
+
+
+def build_compressor(name: str, **options: Any) -> Compressor:
+    """The compressor registered as ``name`` built with ``options``."""
+    if name not in COMPRESSORS:
+        raise ValueError(f"unknown compressor {name!r}; registered: {sorted(COMPRESSORS)}")
+    return COMPRESSORS[name](**options)

@@ -1,0 +1,79 @@
+"""The communication ledger: one row per message, as a polars table.
+
+Schema: ``round, client_id, direction, payload_bits, index_bits, meta_bits, dense_bits``.
+``dense_bits`` is the size the same content would have had sent densely (the reference for
+compression ratios). Totals are summarised per round and cumulatively in bytes and GiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+
+from fedcomm.comm import bits
+from fedcomm.comm.payload import Payload
+
+Direction = Literal["down", "up"]
+
+SCHEMA: dict[str, pl.DataType] = {
+    "round": pl.Int32(),
+    "client_id": pl.Int32(),
+    "direction": pl.String(),
+    "payload_bits": pl.Int64(),
+    "index_bits": pl.Int64(),
+    "meta_bits": pl.Int64(),
+    "dense_bits": pl.Int64(),
+}
+
+
+@dataclass
+class Ledger:
+    """Append-only message log. Rows are plain tuples until :meth:`frame` is asked for."""
+
+    rows: list[tuple[int, int, str, int, int, int, int]] = field(default_factory=list)
+
+    def record(self, round_: int, client_id: int, direction: Direction, payload: Payload) -> int:
+        """Add one message; returns its total bits."""
+        n = payload.nbits()
+        self.rows.append(
+            (round_, client_id, direction, n.payload, n.index, n.meta, payload.dense_bits())
+        )
+        return n.total
+
+    def frame(self) -> pl.DataFrame:
+        return pl.DataFrame(self.rows, schema=SCHEMA, orient="row")
+
+    def write(self, path: Path) -> None:
+        write_parquet_atomic(self.frame(), path)
+
+    def truncate(self, last_round: int) -> None:
+        """Drop rows after ``last_round`` (used when resuming from a checkpoint)."""
+        self.rows = [r for r in self.rows if r[0] <= last_round]
+
+
+def per_round(ledger: pl.DataFrame) -> pl.DataFrame:
+    """Bytes per round and direction, with cumulative totals (bytes and GiB)."""
+    total = pl.col("payload_bits") + pl.col("index_bits") + pl.col("meta_bits")
+    wide = (
+        ledger.group_by("round")
+        .agg(
+            (total.filter(pl.col("direction") == "up").sum() / 8).alias("up_bytes"),
+            (total.filter(pl.col("direction") == "down").sum() / 8).alias("down_bytes"),
+            (pl.col("dense_bits").sum() / 8).alias("dense_bytes"),
+        )
+        .sort("round")
+    )
+    return wide.with_columns(
+        (pl.col("up_bytes") + pl.col("down_bytes")).cum_sum().alias("cum_bytes"),
+    ).with_columns((pl.col("cum_bytes") / bits.GIB).alias("cum_gib"))
+
+
+def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
+    """Write ``frame`` to ``path`` through a temporary file and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.write_parquet(tmp)
+    tmp.replace(path)

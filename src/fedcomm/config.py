@@ -1,0 +1,360 @@
+"""Typed configuration: one pydantic section per stage of ``params.yaml``.
+
+Every model is frozen and forbids unknown keys. Algorithm configs form a discriminated union on
+``name`` built from the algorithm registry; datasets, partitioners and models likewise
+discriminate on ``name``/``kind``. :func:`load_params` validates a whole file *before any work*
+and raises :class:`ConfigError` whose message names the key path, the bad value and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedcomm.algorithms import CONFIGS, AlgorithmConfig
+from fedcomm.algorithms._local import LocalConfig
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+class Digits(Strict):
+    name: Literal["digits"] = "digits"
+
+
+class Mnist(Strict):
+    name: Literal["mnist", "fashion_mnist"]
+    normalize: bool = False
+
+
+class Femnist(Strict):
+    name: Literal["femnist"] = "femnist"
+    invert: bool = False
+
+
+class Shakespeare(Strict):
+    name: Literal["shakespeare"] = "shakespeare"
+    target: Literal["next_char", "next_word"] = "next_char"
+    seq_len: int | None = Field(None, ge=1)
+    stride: int | None = Field(None, ge=1)
+    max_roles: int | None = Field(None, ge=1)
+    min_samples: int = Field(2, ge=1)
+    vocab_size: int = Field(10000, ge=3)
+
+
+class Ptb(Strict):
+    name: Literal["ptb"] = "ptb"
+    seq_len: int = Field(35, ge=1)
+
+
+class Cifar(Strict):
+    name: Literal["cifar10", "cifar100"]
+    label: Literal["fine", "coarse"] = "fine"
+
+
+class Synthetic(Strict):
+    name: Literal["synthetic"] = "synthetic"
+    alpha: float = Field(0.0, ge=0)
+    beta: float = Field(0.0, ge=0)
+    num_users: int = Field(30, ge=1)
+    dim: int = Field(60, ge=1)
+    num_classes: int = Field(10, ge=2)
+    iid: bool = False
+    seed: int = Field(0, ge=0)
+    min_samples: int = Field(50, ge=1)
+
+
+DatasetConfig = Annotated[
+    Union[Digits, Mnist, Femnist, Shakespeare, Ptb, Cifar, Synthetic], Field(discriminator="name")
+]
+
+
+class DataConfig(Strict):
+    """``data``: which dataset, and where its files are (``root``; else ``$FEDCOMM_DATA_ROOT``)."""
+
+    root: str | None = None
+    dataset: DatasetConfig = Field(default_factory=Digits)
+
+    def options(self) -> dict[str, Any]:
+        return self.dataset.model_dump(exclude={"name"})
+
+
+# --- partition -------------------------------------------------------------------------------
+
+
+class _Partition(Strict):
+    test_fraction: float = Field(0.2, ge=0, lt=1, description="per-client test share")
+    seed: int = Field(0, ge=0)
+
+
+class IidPartition(_Partition):
+    kind: Literal["iid"] = "iid"
+    num_partitions: int = Field(ge=1)
+    shuffle: bool = True
+
+
+class DirichletPartition(_Partition):
+    kind: Literal["dirichlet"] = "dirichlet"
+    num_partitions: int = Field(ge=1)
+    alpha: float | list[float] = 0.5
+    min_partition_size: int = Field(10, ge=0)
+    self_balancing: bool = False
+    shuffle: bool = True
+    max_retries: int = Field(10, ge=1)
+
+    @model_validator(mode="after")
+    def _alpha_positive(self) -> DirichletPartition:
+        alphas = self.alpha if isinstance(self.alpha, list) else [self.alpha]
+        if any(a <= 0 for a in alphas):
+            raise ValueError(f"alpha must be > 0 (got {self.alpha})")
+        if isinstance(self.alpha, list) and len(self.alpha) != self.num_partitions:
+            raise ValueError(
+                f"alpha as a list needs num_partitions={self.num_partitions} entries, got {len(self.alpha)}"
+            )
+        return self
+
+
+class PathologicalPartition(_Partition):
+    kind: Literal["pathological"] = "pathological"
+    num_partitions: int = Field(ge=1)
+    num_classes_per_partition: int = Field(ge=1)
+    class_assignment_mode: Literal["random", "deterministic", "first-deterministic"] = (
+        "first-deterministic"
+    )
+    shuffle: bool = True
+
+
+class ShardPartition(_Partition):
+    kind: Literal["shard"] = "shard"
+    num_partitions: int = Field(ge=1)
+    num_shards_per_partition: int | None = Field(None, ge=1)
+    shard_size: int | None = Field(None, ge=1)
+    keep_incomplete_shard: bool = False
+    shuffle: bool = True
+
+
+class SizePartition(_Partition):
+    kind: Literal["size"] = "size"
+    num_partitions: int = Field(ge=1)
+    partition_sizes: list[int] | None = None
+    sigma: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SizePartition:
+        if (self.partition_sizes is None) == (self.sigma is None):
+            raise ValueError("set exactly one of partition_sizes and sigma")
+        return self
+
+
+class NaturalIdPartition(_Partition):
+    kind: Literal["natural_id"] = "natural_id"
+    num_partitions: int | None = Field(None, ge=1, description="keep the first K natural ids")
+
+
+PartitionConfig = Annotated[
+    Union[
+        IidPartition,
+        DirichletPartition,
+        PathologicalPartition,
+        ShardPartition,
+        SizePartition,
+        NaturalIdPartition,
+    ],
+    Field(discriminator="kind"),
+]
+
+
+# --- model -----------------------------------------------------------------------------------
+
+
+class MlpModel(Strict):
+    name: Literal["mlp"] = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [200, 200])
+
+
+class CnnModel(Strict):
+    name: Literal["cnn", "mnist_cnn"] = "cnn"
+
+
+class ResNetModel(Strict):
+    name: Literal["resnet20"] = "resnet20"
+    groups: int = Field(2, ge=1)
+
+
+class LstmModel(Strict):
+    name: Literal["lstm"] = "lstm"
+    embed_dim: int = Field(300, ge=1)
+    hidden: int = Field(300, ge=1)
+    num_layers: int = Field(2, ge=1)
+    tie_weights: bool = False
+    output: Literal["sequence", "last"] = "sequence"
+
+
+ModelConfig = Annotated[
+    Union[MlpModel, CnnModel, ResNetModel, LstmModel], Field(discriminator="name")
+]
+
+
+def model_options(cfg: BaseModel) -> dict[str, Any]:
+    return cfg.model_dump(exclude={"name"})
+
+
+# --- train -----------------------------------------------------------------------------------
+
+
+class CompressorConfig(Strict):
+    """Uplink compressor wrapping every algorithm's uplink (``none`` = send as encoded)."""
+
+    name: Literal["none"] = "none"
+
+
+class TrainConfig(Strict):
+    """``train``: the round loop shared by every algorithm of the experiment."""
+
+    rounds: int = Field(ge=1)
+    clients_per_round: int = Field(ge=1)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    backend: Literal["sequential"] = "sequential"
+    eval_every: int = Field(1, ge=1)
+    eval_batch_size: int = Field(2048, ge=1)
+    topk: int = Field(1, ge=1, description="k of topk/accuracy (3 for next-word prediction)")
+    checkpoint_every: int = Field(5, ge=1)
+    compressor: CompressorConfig = Field(default_factory=CompressorConfig)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
+    runs: list[str] = Field(min_length=1, description="keys of `algorithms` to train")
+
+
+def _algorithm_union() -> Any:
+    members = tuple(CONFIGS[name] for name in sorted(CONFIGS))
+    return Annotated[Union[members], Field(discriminator="name")]  # noqa: UP007
+
+
+AlgorithmUnion = _algorithm_union()
+
+
+# --- evaluate / summarize / tracking ------------------------------------------------------------
+
+
+class LinkConfig(Strict):
+    down_mbps: float = Field(110.6, gt=0)
+    up_mbps: float = Field(14.0, gt=0)
+
+
+class EvaluateConfig(Strict):
+    """``evaluate``: summaries over a finished run."""
+
+    budgets_gib: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    targets: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
+    link: LinkConfig = Field(default_factory=LinkConfig)
+
+
+class SummarizeConfig(Strict):
+    title: str = "fedcomm experiment"
+
+
+class TrackingConfig(Strict):
+    """``tracking``: MLflow. ``uri`` null = ``sqlite:///<project root>/mlflow.db`` (absolute)."""
+
+    uri: str | None = None
+    experiment: str = "fedcomm"
+    enabled: bool = True
+
+
+class Params(Strict):
+    """The whole ``params.yaml``."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    partition: PartitionConfig
+    model: ModelConfig
+    train: TrainConfig
+    algorithms: dict[str, AlgorithmUnion]
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    summarize: SummarizeConfig = Field(default_factory=SummarizeConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _runs_exist(self) -> Params:
+        for i, run in enumerate(self.train.runs):
+            if run not in self.algorithms:
+                raise ValueError(
+                    f"train.runs[{i}]={run!r} is not a key of algorithms "
+                    f"(allowed: {sorted(self.algorithms)})"
+                )
+        if len(set(self.train.runs)) != len(self.train.runs):
+            raise ValueError(f"train.runs has duplicates: {self.train.runs}")
+        return self
+
+    def algorithm(self, run: str) -> AlgorithmConfig:
+        if run not in self.algorithms:
+            raise ConfigError(f"algorithms.{run}: no such entry (allowed: {sorted(self.algorithms)})")
+        cfg: AlgorithmConfig = self.algorithms[run]
+        return cfg
+
+
+class ConfigError(ValueError):
+    """A params file that does not validate; the message lists every problem by key path."""
+
+
+def format_errors(err: ValidationError, source: str, raw: Any = None) -> str:
+    """One line per problem: ``key.path: what is wrong (got value)``."""
+    lines = [f"{source}: {err.error_count()} invalid value(s):"]
+    for e in err.errors():
+        loc = ".".join(_clean_location(e["loc"], raw))
+        value = e.get("input")
+        if e["type"] == "missing":
+            shown = "<missing>"
+        elif isinstance(value, dict):
+            tag = {k: value[k] for k in ("name", "kind") if k in value}
+            shown = f"a mapping with {tag}" if tag else f"a mapping with keys {sorted(map(str, value))}"
+        else:
+            shown = repr(value)
+        lines.append(f"  - {loc or '<root>'}: {e['msg']} (got {shown})")
+    return "\n".join(lines)
+
+
+def _clean_location(loc: tuple[int | str, ...], raw: Any) -> list[str]:
+    """Drop the discriminator tags pydantic inserts into union members' locations."""
+    parts: list[str] = []
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part not in node and part in (node.get("name"), node.get("kind")):
+            continue  # a union tag, not a key of the input
+        parts.append(str(part))
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return parts
+
+
+def validate_params(raw: Mapping[str, Any], source: str = "params") -> Params:
+    """Validate a parsed params mapping; raises :class:`ConfigError` naming every bad key."""
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_errors(err, source, raw)) from None
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and validate a params YAML file (no side effects)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: params file not found")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of sections, got {type(raw).__name__}")
+    return validate_params(raw, str(p))

@@ -1,0 +1,1 @@
+"""Datasets (offline, standard formats), partitioners and the federated view over them."""

@@ -1,0 +1,292 @@
+"""The pipeline's stages as library calls: partition -> train -> evaluate -> summarize.
+
+Each function takes the validated :class:`~fedcomm.config.Params` and explicit paths, does one
+stage's work and writes its declared outputs atomically. The DVC entry scripts in ``stages/``
+and the ``fedcomm`` CLI both call these, so there is exactly one implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import torch
+
+from fedcomm import __version__
+from fedcomm.algorithms import build_algorithm
+from fedcomm.comm.codecs import build_compressor
+from fedcomm.comm.ledger import write_parquet_atomic
+from fedcomm.config import Params, model_options
+from fedcomm.data.datasets import load_dataset
+from fedcomm.data.federated import (
+    PartitionSpec,
+    make_partition,
+    partition_hash,
+    partition_is_current,
+    read_partition,
+    write_partition,
+)
+from fedcomm.data.types import Dataset
+from fedcomm.evaluation.metrics import evaluate
+from fedcomm.evaluation.summaries import LinkModel, summarize_run
+from fedcomm.models import build_model
+from fedcomm.seeding import Stream, torch_generator
+from fedcomm.simulation import checkpoint as ckpt_mod
+from fedcomm.simulation import loop
+from fedcomm.simulation.progress import round_progress
+from fedcomm.simulation.data import FederatedTensors
+from fedcomm.sparse_io import load_sparse, save_sparse
+from fedcomm.tracking import mlflow as tracking
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the stages read and write, relative to the working directory by default."""
+
+    partition: Path = Path("data/partition")
+    runs: Path = Path("runs")
+    reports: Path = Path("reports")
+    checkpoints: Path = Path(".fedcomm/checkpoints")
+
+    def run_dir(self, run: str, seed: int) -> Path:
+        return self.runs / run_name(run, seed)
+
+    def train_dir(self, run: str, seed: int) -> Path:
+        """The train stage's output directory (the evaluate stage writes beside it)."""
+        return self.run_dir(run, seed) / "train"
+
+
+def run_name(run: str, seed: int) -> str:
+    return f"{run}-s{seed}"
+
+
+# --- partition ---------------------------------------------------------------------------------
+
+
+def partition_spec(params: Params) -> PartitionSpec:
+    cfg = params.partition
+    fields = cfg.model_dump(exclude={"kind", "num_partitions", "test_fraction", "seed"})
+    return PartitionSpec(cfg.kind, cfg.num_partitions, fields, cfg.test_fraction, cfg.seed)
+
+
+def load_data(params: Params) -> Dataset:
+    return load_dataset(params.data.dataset.name, params.data.root, **params.data.options())
+
+
+def partition_stage(params: Params, paths: Paths = Paths()) -> str:
+    """Partition the dataset over clients; returns the partition hash. Skips if current."""
+    dataset = load_data(params)
+    spec = partition_spec(params)
+    expected = partition_hash(dataset.fingerprint(), spec)
+    if not partition_is_current(paths.partition, expected):
+        write_partition(make_partition(dataset, spec), dataset, paths.partition, spec)
+    return expected
+
+
+# --- train -------------------------------------------------------------------------------------
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def resolved_run_config(params: Params, run: str, seed: int, phash: str) -> dict[str, Any]:
+    """Everything that determines a training run's numbers (its identity and MLflow params)."""
+    return {
+        "run": run,
+        "seed": seed,
+        "algorithm": params.algorithm(run).model_dump(mode="json"),
+        "data": params.data.model_dump(mode="json", exclude={"root"}),
+        "partition": params.partition.model_dump(mode="json"),
+        "partition_hash": phash,
+        "model": params.model.model_dump(mode="json"),
+        "train": params.train.model_dump(mode="json", exclude={"seeds", "runs"}),
+    }
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def load_federated(params: Params, paths: Paths) -> tuple[FederatedTensors, str]:
+    """The client tensors of the current partition; refuses a stale partition."""
+    dataset = load_data(params)
+    expected = partition_hash(dataset.fingerprint(), partition_spec(params))
+    part = read_partition(paths.partition, expected_hash=expected)
+    return FederatedTensors.build(dataset, part.train, part.test), expected
+
+
+def build_run_model(params: Params, data: FederatedTensors, seed: int) -> torch.nn.Module:
+    """The model, initialised from the ``(seed, INIT)`` stream."""
+    gen = torch_generator(seed, Stream.INIT)
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    return build_model(
+        params.model.name,
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        **model_options(params.model),
+    )
+
+
+def train_stage(
+    params: Params,
+    run: str,
+    seed: int,
+    paths: Paths = Paths(),
+    *,
+    resume: bool = True,
+    show_progress: bool | None = None,
+) -> Path:
+    """Train one (algorithm run, seed); writes ``runs/<run>-s<seed>/``. Resumes if possible."""
+    data, phash = load_federated(params, paths)
+    config = resolved_run_config(params, run, seed, phash)
+    chash = config_hash(config)
+    name = run_name(run, seed)
+    ckpt = paths.checkpoints / name / "state.pt"
+    previous = ckpt_mod.load(ckpt, chash) if resume else None
+    tracker = _open_tracker(params, run, seed, name, config, phash, previous.run_id if previous else None)
+    model = build_run_model(params, data, seed)
+    algorithm = build_algorithm(params.algorithm(run))
+    compressor = build_compressor(params.train.compressor.name, **params.train.compressor.model_dump(exclude={"name"}))
+    t = params.train
+    cfg = loop.LoopConfig(
+        rounds=t.rounds,
+        clients_per_round=t.clients_per_round,
+        local=t.local,
+        seed=seed,
+        eval_every=t.eval_every,
+        eval_batch_size=t.eval_batch_size,
+        topk=t.topk,
+        checkpoint_every=t.checkpoint_every,
+    )
+    try:
+        with round_progress(name, t.rounds, enabled=show_progress) as progress:
+            result = loop.run(
+                cfg, algorithm, model, data, compressor,
+                config_hash=chash, checkpoint_path=ckpt, tracker=tracker, resume=resume, progress=progress,
+            )
+        out = _write_run_outputs(paths.train_dir(run, seed), result, config, tracker.run_id)
+        for f in ("rounds.parquet", "ledger.parquet", "clients.parquet", "model.safetensors"):
+            tracker.log_artifact(out / f)
+    except BaseException:
+        tracker.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
+        raise
+    tracker.finish("FINISHED")
+    ckpt.unlink(missing_ok=True)
+    return out
+
+
+def _open_tracker(
+    params: Params, run: str, seed: int, name: str, config: dict[str, Any], phash: str, run_id: str | None
+) -> tracking.MlflowTracker | tracking.NullTracker:
+    if not params.tracking.enabled:
+        return tracking.NullTracker()
+    tags = {
+        "git_sha": _git_sha(),
+        "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+        "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+        "partition_hash": phash,
+        "algorithm": params.algorithm(run).name,
+        "run": run,
+        "seed": str(seed),
+        "fedcomm_version": __version__,
+    }
+    return tracking.open_run(
+        uri=params.tracking.uri, experiment=params.tracking.experiment, run_name=name,
+        tags=tags, params=config, run_id=run_id,
+    )
+
+
+def _write_run_outputs(out: Path, result: loop.RunResult, config: dict[str, Any], run_id: str | None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    st = result.state
+    write_parquet_atomic(rounds_frame(st.round_rows), out / "rounds.parquet")
+    result.ledger.write(out / "ledger.parquet")
+    write_parquet_atomic(pl.DataFrame(st.client_rows, infer_schema_length=None), out / "clients.parquet")
+    save_sparse(result.final_params, out / "model.safetensors")
+    _write_json(out / "run.json", {"mlflow_run_id": run_id, "config": config, "rounds": st.round_})
+    return out
+
+
+def rounds_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    frame = pl.DataFrame(rows, infer_schema_length=None)
+    casts = [pl.col("round").cast(pl.Int32)] + [
+        pl.col(c).cast(pl.Float64) for c in frame.columns if c != "round"
+    ]
+    return frame.with_columns(casts)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+# --- evaluate ----------------------------------------------------------------------------------
+
+
+def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) -> dict[str, Any]:
+    """Summaries of a finished run plus the saved model's per-client evaluation.
+
+    Writes ``runs/<name>/metrics.json`` (final, best, at_budget, to_target, time, saved_model)
+    and ``runs/<name>/eval_clients.parquet`` (the final global model on each client's test
+    split), and logs the summaries to the run's MLflow run.
+    """
+    out = paths.run_dir(run, seed)
+    trained = paths.train_dir(run, seed)
+    rounds = pl.read_parquet(trained / "rounds.parquet")
+    ledger = pl.read_parquet(trained / "ledger.parquet")
+    clients = pl.read_parquet(trained / "clients.parquet")
+    ev = params.evaluate
+    summary = summarize_run(
+        rounds, ledger, clients, budgets_gib=ev.budgets_gib, targets=ev.targets,
+        link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),
+    )
+    data, _ = load_federated(params, paths)
+    model = build_run_model(params, data, seed)
+    final = load_sparse(trained / "model.safetensors")
+    g = evaluate(model, final, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
+    per_client = [
+        {"client_id": c, **_eval_row(evaluate(model, final, d.x, d.y))} for c, d in enumerate(data.test)
+    ]
+    table = pl.DataFrame(per_client, infer_schema_length=None)
+    write_parquet_atomic(table, out / "eval_clients.parquet")
+    summary["saved_model"] = {"global/accuracy": g.accuracy, "global/loss": g.loss,
+                              "topk/accuracy": g.topk.get(params.train.topk)}
+    _write_json(out / "metrics.json", summary)
+    run_info = json.loads((trained / "run.json").read_text())
+    if params.tracking.enabled and run_info.get("mlflow_run_id"):
+        tr = tracking.reopen(params.tracking.uri, run_info["mlflow_run_id"])
+        flat = {k: float(v) for k, v in tracking.flatten(summary).items() if _is_float(v)}
+        tr.log_metrics({f"summary/{k}": v for k, v in flat.items()})
+        tr.log_artifact(out / "eval_clients.parquet")
+        tr.log_artifact(out / "metrics.json")
+    return summary
+
+
+def _eval_row(r: Any) -> dict[str, Any]:
+    return {"n": r.n, "loss": r.loss, "accuracy": r.accuracy}
+
+
+def _is_float(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return v not in ("True", "False")

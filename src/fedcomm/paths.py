@@ -1,0 +1,30 @@
+"""Where things live: the project root (escaping DVC's temporary experiment copies)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT_ENV = "FEDCOMM_PROJECT_ROOT"
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The project's root directory, absolute.
+
+    ``$FEDCOMM_PROJECT_ROOT`` wins. Otherwise the nearest ancestor of ``start`` (default: the
+    working directory) holding ``dvc.yaml`` or ``params.yaml``, except that a DVC experiment
+    running in a temporary copy (``<root>/.dvc/tmp/exps/...``) maps back to ``<root>``, so
+    shared stores (MLflow, Optuna) are the workspace's.
+    """
+    env = os.environ.get(ROOT_ENV)
+    if env:
+        return Path(env).resolve()
+    here = (start or Path.cwd()).resolve()
+    parts = here.parts
+    for i in range(len(parts) - 2):
+        if parts[i : i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    for candidate in (here, *here.parents):
+        if (candidate / "dvc.yaml").is_file() or (candidate / "params.yaml").is_file():
+            return candidate
+    return here

@@ -1,0 +1,1 @@
+"""The round loop, its client data view and checkpoints."""

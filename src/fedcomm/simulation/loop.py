@@ -1,0 +1,244 @@
+"""THE round loop. Every algorithm, every backend, every stage runs through :func:`run`.
+
+Per round ``r`` (1-based):
+
+1. sample the cohort without replacement from ``(seed, SAMPLING, r)``, in sorted client order;
+2. downlink: ``algorithm.broadcast`` -> payload; the ledger records its bits; the client decodes;
+3. each client: ``algorithm.client_update`` on its pre-tensorised data with the generator
+   ``(seed, CLIENT, r, client)``; the uplink compressor encodes; the ledger records its bits;
+   the server decodes; the client's returned model is evaluated on its own test split
+   (its "last upload" for local accuracy); its state goes to the client store;
+4. ``algorithm.server_update`` on the decoded uplinks;
+5. evaluate the global model when due; log one batch of metrics; checkpoint when due.
+
+The sequential backend reuses one model object for every client: parameters are passed
+explicitly, never deep-copied into per-client modules.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedcomm.algorithms.base import (
+    ClientContext,
+    FedAlgorithm,
+    RoundContext,
+    Uplink,
+)
+from fedcomm.algorithms._local import LocalConfig
+from fedcomm.comm import bits
+from fedcomm.comm.codecs import Compressor
+from fedcomm.comm.ledger import Ledger
+from fedcomm.evaluation.metrics import evaluate
+from fedcomm.seeding import Stream, numpy_rng, torch_generator
+from fedcomm.simulation import checkpoint
+from fedcomm.simulation.data import FederatedTensors
+from fedcomm.types import Params
+
+CRASH_ENV = "FEDCOMM_KILL_AFTER_ROUND"  # test hook: SIGKILL this process after that round
+
+
+class Tracker(Protocol):
+    run_id: str | None
+
+    def log_round(self, round_: int, metrics: Mapping[str, float | None]) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The knobs of the loop itself (a view of ``train`` plus the seed)."""
+
+    rounds: int
+    clients_per_round: int
+    local: LocalConfig
+    seed: int
+    eval_every: int = 1
+    eval_batch_size: int = 2048
+    topk: int = 1
+    checkpoint_every: int = 5
+
+
+@dataclass
+class ClientRecord:
+    """What the client store keeps per client between its participations."""
+
+    state: Any = None
+    compressor_state: Any = None
+    local_accuracy: float | None = None  # of its last upload, on its own test split
+    local_loss: float | None = None
+    test_n: int = 0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    state: checkpoint.RunState
+    final_params: Params
+    ledger: Ledger
+    resumed_from: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> list[int]:
+    """``k`` distinct clients for round ``round_``, sorted."""
+    if k > num_clients:
+        raise ValueError(f"train.clients_per_round={k} exceeds the {num_clients} clients")
+    rng = numpy_rng(seed, Stream.SAMPLING, round_)
+    return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
+
+
+def density(params: Mapping[str, Tensor]) -> float:
+    nnz = sum(int(torch.count_nonzero(v)) for v in params.values())
+    numel = sum(v.numel() for v in params.values())
+    return nnz / numel if numel else 1.0
+
+
+def run(
+    cfg: LoopConfig,
+    algorithm: FedAlgorithm,
+    model: nn.Module,
+    data: FederatedTensors,
+    compressor: Compressor,
+    *,
+    config_hash: str,
+    checkpoint_path: Path | None = None,
+    tracker: Tracker | None = None,
+    resume: bool = True,
+    progress: Callable[[int, Mapping[str, float | None]], None] | None = None,
+) -> RunResult:
+    """Train ``algorithm`` for ``cfg.rounds`` rounds; resume from ``checkpoint_path`` if valid.
+
+    ``model`` provides the structure and the initial parameters (already seeded by the caller).
+    """
+    state = checkpoint.load(checkpoint_path, config_hash) if (resume and checkpoint_path) else None
+    resumed_from = state.round_ if state is not None else 0
+    if state is None:
+        init = {k: v.detach().clone() for k, v in model.named_parameters()}
+        state = checkpoint.RunState(config_hash=config_hash)
+        state.server = algorithm.init_server(init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0)))
+    if tracker is not None and state.run_id is None:
+        state.run_id = tracker.run_id
+    ledger = Ledger(list(state.ledger_rows))
+    cum_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows)
+
+    for round_ in range(state.round_ + 1, cfg.rounds + 1):
+        t_round = time.perf_counter()
+        metrics, cum_bits = _one_round(cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits)
+        metrics["time/round_s"] = time.perf_counter() - t_round
+        state.round_ = round_
+        state.round_rows.append({"round": round_, **metrics})
+        state.ledger_rows = ledger.rows
+        if tracker is not None:
+            tracker.log_round(round_, metrics)
+        if progress is not None:
+            progress(round_, metrics)
+        if checkpoint_path is not None and (round_ % cfg.checkpoint_every == 0) and round_ < cfg.rounds:
+            checkpoint.save(state, checkpoint_path)
+        if os.environ.get(CRASH_ENV) == str(round_):
+            os.kill(os.getpid(), signal.SIGKILL)
+    final = {k: v.detach().clone() for k, v in algorithm.global_params(state.server).items()}
+    return RunResult(state, final, ledger, resumed_from)
+
+
+def _one_round(
+    cfg: LoopConfig,
+    algorithm: FedAlgorithm,
+    model: nn.Module,
+    data: FederatedTensors,
+    compressor: Compressor,
+    state: checkpoint.RunState,
+    ledger: Ledger,
+    round_: int,
+    cum_bits: int,
+) -> tuple[dict[str, float | None], int]:
+    rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_))
+    cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
+    uplinks: list[Uplink] = []
+    up_bits = down_bits = 0
+    train_s: list[float] = []
+    losses: list[tuple[float, int]] = []
+    for cid in cohort:  # 1. cohort, sorted
+        record: ClientRecord = state.clients.get(cid) or ClientRecord(
+            state=algorithm.init_client(cid), compressor_state=compressor.init()
+        )
+        down = algorithm.broadcast(state.server, cid, record.state, rctx)  # 2. downlink
+        down_bits += ledger.record(round_, cid, "down", down)
+        gen = torch_generator(cfg.seed, Stream.CLIENT, round_, cid)
+        cctx = ClientContext(round_, cid, model, cfg.local, gen)
+        t0 = time.perf_counter()
+        result = algorithm.client_update(down.decode(), record.state, data.train[cid], cctx)  # 3.
+        payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen)
+        train_s.append(time.perf_counter() - t0)
+        up_bits += ledger.record(round_, cid, "up", payload)
+        uplinks.append(Uplink(cid, result.num_examples, payload.decode()))
+        local = evaluate(model, result.local_params, data.test[cid].x, data.test[cid].y, batch_size=cfg.eval_batch_size)
+        state.clients[cid] = ClientRecord(
+            result.state, comp_state, local.accuracy if local.n else None, local.loss if local.n else None, local.n
+        )
+        loss = result.metrics.get("train/loss", math.nan)
+        losses.append((loss, result.num_examples))
+        state.client_rows.append(
+            {
+                "round": round_,
+                "client_id": cid,
+                "num_examples": result.num_examples,
+                "train_s": train_s[-1],
+                "train_loss": loss,
+                "local_accuracy": local.accuracy if local.n else None,
+                "local_loss": local.loss if local.n else None,
+                "test_n": local.n,
+            }
+        )
+    state.server = algorithm.server_update(state.server, uplinks, rctx)  # 4. server
+    cum_bits += up_bits + down_bits
+    metrics: dict[str, float | None] = {
+        "comm/up_bytes": bits.to_bytes(up_bits),
+        "comm/down_bytes": bits.to_bytes(down_bits),
+        "comm/cum_bytes": bits.to_bytes(cum_bits),
+        "comm/cum_gib": bits.to_gib(cum_bits),
+        "train/loss": _weighted([lo for lo, _ in losses], [n for _, n in losses]),
+        "time/client_s": float(np.mean(train_s)),
+        "time/client_max_s": float(np.max(train_s)),
+    }
+    metrics.update(_local_metrics(state.clients, data.num_clients))
+    metrics.update({f"{algorithm.name}/{k}" if "/" not in k else k: v for k, v in algorithm.server_metrics(state.server).items()})
+    params = algorithm.global_params(state.server)
+    dens = density(params)
+    metrics["model/density"] = dens
+    metrics["model/sparsity"] = 1.0 - dens
+    if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:  # 5. evaluate
+        g = evaluate(model, params, data.global_test.x, data.global_test.y, batch_size=cfg.eval_batch_size, topk=(cfg.topk,))
+        metrics["global/accuracy"] = g.accuracy
+        metrics["global/loss"] = g.loss
+        metrics["topk/accuracy"] = g.topk.get(cfg.topk)
+    return metrics, cum_bits
+
+
+def _weighted(values: list[float], weights: list[int]) -> float | None:
+    pairs = [(v, w) for v, w in zip(values, weights, strict=True) if not math.isnan(v) and w > 0]
+    if not pairs:
+        return None
+    return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+
+
+def _local_metrics(clients: Mapping[int, ClientRecord], num_clients: int) -> dict[str, float | None]:
+    """Local accuracy over clients that have uploaded (unweighted and test-size weighted)."""
+    seen = [r for r in clients.values() if r.local_accuracy is not None]
+    if not seen:
+        return {"local/accuracy": None, "local/accuracy_weighted": None, "local/coverage": 0.0}
+    accs = [float(r.local_accuracy) for r in seen if r.local_accuracy is not None]
+    return {
+        "local/accuracy": float(np.mean(accs)),
+        "local/accuracy_weighted": _weighted(accs, [r.test_n for r in seen]),
+        "local/coverage": len(clients) / num_clients,
+    }

@@ -1,0 +1,1 @@
+"""Experiment tracking. :mod:`.mlflow` is the only module that imports MLflow."""

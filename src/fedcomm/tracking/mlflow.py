@@ -1,0 +1,161 @@
+"""MLflow tracking: the only module of fedcomm that imports MLflow.
+
+One MLflow run per (algorithm run, seed). The store defaults to SQLite at an *absolute* path
+under the project root (``sqlite:////<root>/mlflow.db``) and artifacts to ``<root>/mlartifacts``,
+so experiments queued with ``dvc exp run --queue`` (which execute in a temporary copy of the
+repository under ``.dvc/tmp/exps``) log into the same store as the workspace.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+from fedcomm.paths import project_root
+
+MAX_PARAM_LEN = 6000
+
+
+def resolve_tracking_uri(uri: str | None, root: Path | None = None) -> str:
+    """``uri`` if set (a relative sqlite path is made absolute against the project root), else
+    ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``."""
+    base = project_root() if root is None else root
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return f"sqlite:///{(base / 'mlflow.db').as_posix()}"
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        return f"{prefix}{(base / uri[len(prefix) :]).as_posix()}"
+    return uri
+
+
+def artifact_location(root: Path | None = None) -> str:
+    base = project_root() if root is None else root
+    return (base / "mlartifacts").as_uri()
+
+
+@dataclass
+class MlflowTracker:
+    """A handle on one MLflow run; every call goes through an explicit client."""
+
+    client: MlflowClient
+    run_id: str
+    last_logged_round: int = 0  # rounds <= this were logged before a resume: not logged again
+
+    def log_round(self, round_: int, metrics: Mapping[str, float | None]) -> None:
+        """One batch per round (``step`` = round); NaN/None values are skipped."""
+        if round_ <= self.last_logged_round:
+            return
+        ts = int(time.time() * 1000)
+        batch = [
+            Metric(key, float(v), ts, round_)
+            for key, v in metrics.items()
+            if v is not None and not math.isnan(float(v))
+        ]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000], synchronous=True)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if _finite(v)]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000], synchronous=True)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, data, artifact_file)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.client.log_batch(
+            self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True
+        )
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status)
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def _experiment_id(client: MlflowClient, name: str, root: Path) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return str(exp.experiment_id)
+    try:
+        return str(client.create_experiment(name, artifact_location=artifact_location(root)))
+    except Exception:  # created concurrently by another process
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return str(exp.experiment_id)
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested mapping -> ``{"a.b.c": "value"}`` (MLflow params)."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:MAX_PARAM_LEN]
+    return out
+
+
+def open_run(
+    *,
+    uri: str | None,
+    experiment: str,
+    run_name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, Any],
+    run_id: str | None = None,
+) -> MlflowTracker:
+    """Start a run, or reopen ``run_id`` (a resume) and find the last round it logged."""
+    root = project_root()
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri, root))
+    if run_id is not None:
+        client.update_run(run_id, status="RUNNING")
+        history = client.get_metric_history(run_id, "comm/cum_gib")
+        last = max((m.step for m in history), default=0)
+        return MlflowTracker(client, run_id, last_logged_round=last)
+    exp_id = _experiment_id(client, experiment, root)
+    run = client.create_run(exp_id, run_name=run_name, tags=dict(tags))
+    tracker = MlflowTracker(client, run.info.run_id)
+    flat = flatten(params)
+    items = [Param(k, v) for k, v in sorted(flat.items())]
+    for i in range(0, len(items), 100):
+        client.log_batch(tracker.run_id, params=items[i : i + 100], synchronous=True)
+    tracker.log_dict(dict(params), "config.json")
+    return tracker
+
+
+def reopen(uri: str | None, run_id: str) -> MlflowTracker:
+    """A handle on an existing run (the evaluate stage adds its summaries to the train run)."""
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    return MlflowTracker(client, run_id, last_logged_round=0)
+
+
+class NullTracker:
+    """Tracking switched off (``tracking.enabled: false``): every call is a no-op."""
+
+    run_id: str | None = None
+    last_logged_round = 0
+
+    def log_round(self, round_: int, metrics: Mapping[str, float | None]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None: ...
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+    def finish(self, status: str = "FINISHED") -> None: ...
