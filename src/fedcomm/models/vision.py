@@ -1,0 +1,164 @@
+"""Small vision models: ``mlp``, ``cnn`` (FedSparse "LeNet-5") and ``mnist_cnn`` (FedAvg CNN).
+
+Layers are registered in forward order with flat names (``fc1``, ``conv1``, ...) and the
+classifier last, which is what ``fedcomm.models.groups`` relies on to mark the output layer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedcomm.models.registry import invalid_option, positive_int, positive_ints, register
+
+
+class MLP(nn.Module):
+    """Flatten, then Linear layers ``fc1 … fcL`` with ReLU between them (none after the last)."""
+
+    def __init__(self, in_features: int, hidden: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        widths = [in_features, *hidden, num_classes]
+        for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths), 1):
+            self.add_module(f"fc{i}", nn.Linear(fan_in, fan_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layers = list(self.children())
+        x = x.flatten(1)  # (B, d)
+        for layer in layers[:-1]:
+            x = F.relu(layer(x))  # (B, hidden_i)
+        return layers[-1](x)  # (B, num_classes)
+
+
+class ConvNet(nn.Module):
+    """conv5x5-ReLU-maxpool2-conv5x5-ReLU-maxpool2-flatten-fc-ReLU-fc, the shared shape of ``cnn``
+    and ``mnist_cnn`` (they differ only in the convolutions' padding)."""
+
+    def __init__(
+        self,
+        input_shape: tuple[int, int, int],
+        num_classes: int,
+        *,
+        padding: int,
+        channels: tuple[int, int],
+        hidden: int,
+    ) -> None:
+        super().__init__()
+        c, h, w = input_shape
+        self.conv1 = nn.Conv2d(c, channels[0], 5, padding=padding)
+        self.conv2 = nn.Conv2d(channels[0], channels[1], 5, padding=padding)
+        h_out, w_out = (_after_blocks(s, padding) for s in (h, w))
+        self.fc1 = nn.Linear(channels[1] * h_out * w_out, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Shapes for cnn on (3, 32, 32); mnist_cnn on (1, 28, 28) keeps 28 -> 14 -> 7.
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)  # (B, 32, 14, 14)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (B, 64, 5, 5)
+        x = F.relu(self.fc1(x.flatten(1)))  # (B, 512)
+        return self.fc2(x)  # (B, num_classes)
+
+
+def _after_blocks(size: int, padding: int) -> int:
+    """Spatial size after two (conv5x5 with ``padding``, maxpool2) blocks."""
+    for _ in range(2):
+        size = (size + 2 * padding - 4) // 2
+    return size
+
+
+@register("mlp")
+def mlp(
+    *, input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (200, 200)
+) -> MLP:
+    """Multilayer perceptron on the flattened input.
+
+    The default ``hidden=(200, 200)`` is the "2NN" of McMahan et al., "Communication-Efficient
+    Learning of Deep Networks from Decentralized Data", AISTATS 2017. FedBIAD (Xue et al., IPDPS
+    2023) uses ``hidden=[128]`` on MNIST (784-128-10, 101,770 parameters) and ``hidden=[256]``
+    on Fashion-MNIST (203,530 parameters).
+
+    Args:
+        input_shape: any shape; it is flattened to ``prod(input_shape)`` features.
+        num_classes: output width.
+        hidden: widths of the hidden layers (may be empty: a linear model).
+
+    Returns:
+        The model; layers are named ``fc1 … fc{len(hidden)+1}``.
+    """
+    widths = positive_ints("mlp", "hidden", hidden, allow_empty=True)
+    return MLP(math.prod(input_shape), widths, num_classes)
+
+
+@register("cnn")
+def cnn(
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    channels: Sequence[int] = (32, 64),
+    hidden: int = 512,
+) -> ConvNet:
+    """The FedSparse "LeNet-5": two unpadded conv5x5 + maxpool2 blocks, fc512, classifier.
+
+    Louizos et al., "An Expectation-Maximization Perspective on Federated Learning" (FedSparse),
+    Section 5 / Appendix A, CIFAR-10 and FEMNIST. The paper names the model only; the widths are
+    the ones that reproduce its reported communication (specs/fedsparse-fedbiad.md §1.9):
+    878,538 parameters on ``(3, 32, 32)`` with 10 classes, 608,702 on ``(1, 28, 28)`` with 62.
+
+    Args:
+        input_shape: ``(C, H, W)``; H and W at least 16.
+        num_classes: output width.
+        channels: output channels of the two convolutions.
+        hidden: width of the hidden fully connected layer.
+
+    Returns:
+        The model, with layers ``conv1, conv2, fc1, fc2``.
+    """
+    return _convnet("cnn", input_shape, num_classes, 0, channels, hidden)
+
+
+@register("mnist_cnn")
+def mnist_cnn(
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    channels: Sequence[int] = (32, 64),
+    hidden: int = 512,
+) -> ConvNet:
+    """The FedAvg "CNN": two padded (same-size) conv5x5 + maxpool2 blocks, fc512, classifier.
+
+    McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data",
+    AISTATS 2017, Section 3. On ``(1, 28, 28)`` with 10 classes it has 1,663,370 parameters
+    (the LEAF FEMNIST CNN is the same with ``hidden=2048`` and 62 classes).
+
+    Args:
+        input_shape: ``(C, H, W)``; H and W at least 4.
+        num_classes: output width.
+        channels: output channels of the two convolutions.
+        hidden: width of the hidden fully connected layer.
+
+    Returns:
+        The model, with layers ``conv1, conv2, fc1, fc2``.
+    """
+    return _convnet("mnist_cnn", input_shape, num_classes, 2, channels, hidden)
+
+
+def _convnet(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    padding: int,
+    channels: Sequence[int],
+    hidden: int,
+) -> ConvNet:
+    if len(input_shape) != 3:
+        raise invalid_option(name, "input_shape", f"must be (C, H, W), got {input_shape}")
+    if min(_after_blocks(s, padding) for s in input_shape[1:]) < 1:
+        raise invalid_option(name, "input_shape", f"{input_shape} is too small for two blocks")
+    c1, c2 = positive_ints(name, "channels", channels, length=2)
+    width = positive_int(name, "hidden", hidden)
+    c, h, w = input_shape
+    return ConvNet((c, h, w), num_classes, padding=padding, channels=(c1, c2), hidden=width)

@@ -1,0 +1,65 @@
+"""Shared fixtures: the offline data root, tiny params, an isolated project directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    root = Path(os.environ.get("FEDCOMM_DATA_ROOT", SHARED_DATA))
+    if not (root / "mnist").is_dir():
+        pytest.skip(f"offline datasets not found at {root} (set FEDCOMM_DATA_ROOT)")
+    return root
+
+
+def tiny_params(**overrides: Any) -> dict[str, Any]:
+    """A small but real experiment on digits: 8 clients, 3 per round, 3 rounds."""
+    raw: dict[str, Any] = {
+        "data": {"dataset": {"name": "digits"}},
+        "partition": {"kind": "dirichlet", "num_partitions": 8, "alpha": 1.0, "min_partition_size": 20, "seed": 0},
+        "model": {"name": "mlp", "hidden": [16]},
+        "train": {
+            "rounds": 3,
+            "clients_per_round": 3,
+            "local": {"epochs": 1, "batch_size": 16, "lr": 0.05},
+            "checkpoint_every": 1,
+            "seeds": [0],
+            "runs": ["fedavg", "fedprox"],
+        },
+        "algorithms": {
+            "fedavg": {"name": "fedavg", "server": {"optimizer": "sgd", "lr": 1.0}},
+            "fedprox": {"name": "fedprox", "mu": 0.01},
+        },
+        "evaluate": {"budgets_gib": [0.0001], "targets": [0.5]},
+        "summarize": {"title": "tiny"},
+        "tracking": {"experiment": "tests"},
+    }
+    for dotted, value in overrides.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return raw
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An isolated project directory (cwd) with its own MLflow store and the tiny params."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDCOMM_PROJECT_ROOT", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params()))
+    yield tmp_path
+    shutil.rmtree(tmp_path / ".fedcomm", ignore_errors=True)

@@ -1,0 +1,158 @@
+"""Registry, parameter counts, shapes and the no-buffer contract of every registered model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedcomm.models import MODELS, build_model, num_parameters, option_names, register
+
+# name -> (input_shape, num_classes, small options, expected output shape for a batch of 2)
+SMALL: dict[str, tuple[tuple[int, ...], int, dict[str, Any], tuple[int, ...]]] = {
+    "mlp": ((1, 8, 8), 5, {"hidden": [16, 8]}, (2, 5)),
+    "cnn": ((3, 16, 16), 7, {"channels": [4, 8], "hidden": 16}, (2, 7)),
+    "mnist_cnn": ((1, 12, 12), 10, {"channels": [4, 8], "hidden": 16}, (2, 10)),
+    "resnet20": ((3, 8, 8), 10, {}, (2, 10)),
+    "lstm": ((6,), 13, {"embed_dim": 8, "hidden": 12}, (2, 6, 13)),
+}
+
+
+def small(name: str) -> nn.Module:
+    shape, classes, options, _ = SMALL[name]
+    return build_model(name, input_shape=shape, num_classes=classes, **options)
+
+
+def example_input(name: str) -> torch.Tensor:
+    shape = SMALL[name][0]
+    if name == "lstm":
+        return torch.randint(0, SMALL[name][1], (2, *shape))  # (B, T) int64
+    return torch.randn(2, *shape)
+
+
+def test_every_registered_model_has_a_small_config() -> None:
+    assert set(SMALL) == set(MODELS)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "options", "expected"),
+    [
+        ("cnn", (3, 32, 32), 10, {}, 878_538),  # FedSparse CIFAR-10
+        ("cnn", (1, 28, 28), 62, {}, 608_702),  # FedSparse FEMNIST
+        ("mlp", (1, 28, 28), 10, {"hidden": [128]}, 101_770),  # FedBIAD MNIST
+        ("mlp", (784,), 10, {"hidden": [256]}, 203_530),  # FedBIAD FMNIST
+        ("mnist_cnn", (1, 28, 28), 10, {}, 1_663_370),  # FedAvg CNN
+        ("resnet20", (3, 32, 32), 10, {}, 272_474),  # option B projections
+        ("resnet20", (3, 32, 32), 100, {"shortcut": "A"}, 275_572),  # FedSparse's ~275.6k
+        ("lstm", (35,), 10_000, {}, 7_454_800),  # FedBIAD PTB LM, 29.8 MB
+    ],
+)
+def test_parameter_counts(
+    name: str, shape: tuple[int, ...], classes: int, options: dict[str, Any], expected: int
+) -> None:
+    model = build_model(name, input_shape=shape, num_classes=classes, **options)
+    assert num_parameters(model) == expected
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_forward_shape(name: str) -> None:
+    assert small(name)(example_input(name)).shape == SMALL[name][3]
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_no_buffers(name: str) -> None:
+    assert list(small(name).buffers()) == []
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_deterministic_init(name: str) -> None:
+    torch.manual_seed(0)
+    a = small(name).state_dict()
+    torch.manual_seed(0)
+    b = small(name).state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_functional_call_covers_all_state(name: str) -> None:
+    model, x = small(name), example_input(name)
+    params: dict[str, torch.Tensor] = dict(model.named_parameters())
+    assert torch.equal(functional_call(model, params, (x,)), model(x))
+    zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+    assert torch.count_nonzero(functional_call(model, zeros, (x,))) == 0
+
+
+def test_full_size_forward_shapes() -> None:
+    assert build_model("cnn", input_shape=(3, 32, 32), num_classes=10)(
+        torch.randn(2, 3, 32, 32)
+    ).shape == (2, 10)
+    assert build_model("mnist_cnn", input_shape=(1, 28, 28), num_classes=10)(
+        torch.randn(2, 1, 28, 28)
+    ).shape == (2, 10)
+    resnet = build_model("resnet20", input_shape=(3, 32, 32), num_classes=100, shortcut="A")
+    assert resnet(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+
+
+def test_lstm_last_output_and_tied_weights() -> None:
+    tokens = torch.randint(0, 20, (2, 5))  # (B, T)
+    last = build_model(
+        "lstm", input_shape=(5,), num_classes=20, embed_dim=8, hidden=8, output="last"
+    )
+    assert last(tokens).shape == (2, 20)
+    tied = build_model(
+        "lstm", input_shape=(5,), num_classes=20, embed_dim=8, hidden=8, tie_weights=True
+    )
+    assert num_parameters(last) - num_parameters(tied) == 20 * 8
+    assert tied.decoder.weight is tied.embedding.weight
+    assert tied(tokens).shape == (2, 5, 20)
+
+
+def test_unknown_model_lists_registered_names() -> None:
+    with pytest.raises(ValueError, match=r"registered: .*'cnn'.*'mlp'"):
+        build_model("vgg", input_shape=(3, 32, 32), num_classes=10)
+
+
+def test_unknown_option_is_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown option.*'hiden'.*accepted: \['hidden'\]"):
+        build_model("mlp", input_shape=(4,), num_classes=2, hiden=[3])
+    assert option_names("resnet20") == ("groups", "shortcut")
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "options", "option"),
+    [
+        ("mlp", (4,), {"hidden": [3, 0]}, "hidden"),
+        ("mlp", (4,), {"hidden": "12"}, "hidden"),
+        ("cnn", (3, 32, 32), {"channels": [4]}, "channels"),
+        ("cnn", (3, 8, 8), {}, "input_shape"),
+        ("cnn", (3, 32), {}, "input_shape"),
+        ("mnist_cnn", (1, 28, 28), {"hidden": 1.5}, "hidden"),
+        ("resnet20", (3, 32, 32), {"groups": 3}, "groups"),
+        ("resnet20", (3, 32, 32), {"shortcut": "C"}, "shortcut"),
+        ("lstm", (5,), {"output": "all"}, "output"),
+        ("lstm", (5,), {"num_layers": 0}, "num_layers"),
+        ("lstm", (5,), {"tie_weights": True, "embed_dim": 4, "hidden": 8}, "tie_weights"),
+        ("lstm", (3, 5), {}, "input_shape"),
+    ],
+)
+def test_bad_option_value_is_named(
+    name: str, shape: tuple[int, ...], options: dict[str, Any], option: str
+) -> None:
+    with pytest.raises(ValueError, match=f"'{option}'"):
+        build_model(name, input_shape=shape, num_classes=3, **options)
+
+
+def test_register_rejects_duplicates_and_bad_signatures() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register("mlp")(MODELS["mlp"])
+
+    def no_shape(*, num_classes: int) -> nn.Module:
+        return nn.Linear(1, num_classes)
+
+    with pytest.raises(TypeError, match="input_shape"):
+        register("broken")(no_shape)
+    assert "broken" not in MODELS

@@ -1,0 +1,90 @@
+"""Typed params: every bad key or value is rejected by name, before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedcomm.cli import app
+from fedcomm.config import ConfigError, load_params, validate_params
+from tests.conftest import REPO, tiny_params
+
+
+def _error(**overrides: object) -> str:
+    with pytest.raises(ConfigError) as info:
+        validate_params(tiny_params(**overrides))
+    return str(info.value)
+
+
+def test_repository_params_and_profiles_validate() -> None:
+    for path in [REPO / "params.yaml", *sorted((REPO / "pipeline" / "profiles").glob("*.yaml"))]:
+        load_params(path)
+
+
+def test_tiny_params_validate() -> None:
+    p = validate_params(tiny_params())
+    assert p.algorithm("fedprox").name == "fedprox"
+    assert p.train.local.lr == 0.05
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ({"train.local.lr": -1.0}, "train.local.lr: Input should be greater than 0 (got -1.0)"),
+        ({"train.rounds": 0}, "train.rounds"),
+        ({"train.lr": 0.1}, "train.lr: Extra inputs are not permitted (got 0.1)"),
+        ({"partition.alpha": -0.5}, "alpha must be > 0"),
+        ({"partition.kind": "random"}, "partition: Input tag 'random' found using 'kind'"),
+        ({"algorithms.fedprox.mu": -1}, "algorithms.fedprox.mu: Input should be greater than or equal to 0 (got -1)"),
+        ({"algorithms.fedavg.name": "fedsgd"}, "algorithms.fedavg: Input tag 'fedsgd'"),
+        ({"algorithms.fedavg.server": {"optimizer": "rmsprop"}}, "algorithms.fedavg.server.optimizer"),
+        ({"model.name": "vit"}, "model: Input tag 'vit'"),
+        ({"data.dataset": {"name": "imagenet"}}, "data.dataset: Input tag 'imagenet'"),
+        ({"train.runs": ["fedavg", "nope"]}, "train.runs[1]='nope' is not a key of algorithms"),
+        ({"train.local.steps": 5}, "set exactly one of epochs and steps"),
+        ({"partition.test_fraction": 1.0}, "partition.test_fraction"),
+        ({"evaluate.targets": [1.5]}, "evaluate.targets.0"),
+    ],
+)
+def test_bad_values_are_named(override: dict[str, object], fragment: str) -> None:
+    assert fragment in _error(**override)
+
+
+def test_every_problem_is_listed_at_once() -> None:
+    msg = _error(**{"train.local.lr": -1.0, "algorithms.fedprox.mu": -1, "model.depth": 3})
+    assert "3 invalid value(s)" in msg
+    for key in ("train.local.lr", "algorithms.fedprox.mu", "model.depth"):
+        assert key in msg
+
+
+def test_load_params_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
+
+
+def test_cli_validate_ok_and_bad(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(tiny_params()))
+    res = CliRunner().invoke(app, ["config", "validate", "--params", str(good)])
+    assert res.exit_code == 0 and "OK" in res.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(tiny_params(**{"train.local.lr": 0})))
+    res = CliRunner().invoke(app, ["config", "validate", "--params", str(bad)])
+    assert res.exit_code == 2
+    assert "train.local.lr" in res.output
+
+
+def test_bad_params_leave_no_outputs(project: Path) -> None:
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(**{"algorithms.fedavg.server.lr": -1})))
+    for argv in (["partition"], ["train", "--run", "fedavg"], ["summarize"]):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2, res.output
+        assert "algorithms.fedavg.server.lr" in res.output
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
