@@ -178,16 +178,21 @@ PartitionConfig = Annotated[
 
 class MlpModel(Strict):
     name: Literal["mlp"] = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [200, 200])
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [200, 200])
 
 
 class CnnModel(Strict):
+    """``cnn``: FedSparse's LeNet-5 (no padding); ``mnist_cnn``: the FedAvg paper's CNN."""
+
     name: Literal["cnn", "mnist_cnn"] = "cnn"
+    channels: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [32, 64])
+    hidden: int = Field(512, ge=1)
 
 
 class ResNetModel(Strict):
     name: Literal["resnet20"] = "resnet20"
-    groups: int = Field(2, ge=1)
+    groups: int = Field(2, ge=1, description="GroupNorm groups")
+    shortcut: Literal["A", "B"] = Field("B", description="A: zero-pad (no params), B: 1x1 conv")
 
 
 class LstmModel(Strict):

@@ -88,3 +88,31 @@ def test_bad_params_leave_no_outputs(project: Path) -> None:
         assert res.exit_code == 2, res.output
         assert "algorithms.fedavg.server.lr" in res.output
     assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
+
+
+def test_model_configs_match_the_model_registry() -> None:
+    import typing
+
+    from fedcomm import config
+    from fedcomm.models.registry import MODELS, option_names
+
+    covered = set()
+    for cls in (config.MlpModel, config.CnnModel, config.ResNetModel, config.LstmModel):
+        for name in typing.get_args(cls.model_fields["name"].annotation):
+            covered.add(name)
+            assert set(cls.model_fields) - {"name"} == set(option_names(name)), name
+    assert covered == set(MODELS)
+
+
+def test_dataset_configs_cover_the_dataset_registry() -> None:
+    import typing
+
+    from fedcomm import config
+    from fedcomm.data.datasets import DATASETS
+
+    names = {
+        n
+        for cls in typing.get_args(typing.get_args(config.DatasetConfig)[0])
+        for n in typing.get_args(cls.model_fields["name"].annotation)
+    }
+    assert names == set(DATASETS)
