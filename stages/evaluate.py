@@ -1,4 +1,4 @@
-"""DVC stage `evaluate@<run>-<seed>`: summaries + per-client evaluation (runs/<run>-s<seed>/metrics.json)."""
+"""DVC stage `evaluate@<run>-<seed>`: summaries and per-client evaluation of a trained run."""
 
 import argparse
 

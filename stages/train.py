@@ -1,4 +1,4 @@
-"""DVC stage `train@<run>-<seed>`: train one algorithm run with one seed (runs/<run>-s<seed>/train/)."""
+"""DVC stage `train@<run>-<seed>`: train one algorithm run with one seed."""
 
 import argparse
 

@@ -27,16 +27,21 @@ def tiny_params(**overrides: Any) -> dict[str, Any]:
     """A small but real experiment on digits: 8 clients, 3 per round, 3 rounds."""
     raw: dict[str, Any] = {
         "data": {"dataset": {"name": "digits"}},
-        "partition": {"kind": "dirichlet", "num_partitions": 8, "alpha": 1.0, "min_partition_size": 20, "seed": 0},
+        "partition": {
+            "kind": "dirichlet",
+            "num_partitions": 8,
+            "alpha": 1.0,
+            "min_partition_size": 20,
+            "seed": 0,
+        },
         "model": {"name": "mlp", "hidden": [16]},
         "train": {
             "rounds": 3,
             "clients_per_round": 3,
             "local": {"epochs": 1, "batch_size": 16, "lr": 0.05},
             "checkpoint_every": 1,
-            "seeds": [0],
-            "runs": ["fedavg", "fedprox"],
         },
+        "experiment": {"runs": ["fedavg", "fedprox"], "seeds": [0]},
         "algorithms": {
             "fedavg": {"name": "fedavg", "server": {"optimizer": "sgd", "lr": 1.0}},
             "fedprox": {"name": "fedprox", "mu": 0.01},

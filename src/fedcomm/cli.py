@@ -33,7 +33,7 @@ def config_validate(params: ParamsOpt = Path("params.yaml")) -> None:
     """Check a params file; exit 2 with every problem listed by key path if it is invalid."""
     p = _load(params)
     typer.echo(
-        f"{params}: OK ({len(p.train.runs)} run(s) x {len(p.train.seeds)} seed(s), "
+        f"{params}: OK ({len(p.experiment.runs)} run(s) x {len(p.experiment.seeds)} seed(s), "
         f"dataset {p.data.dataset.name}, partition {p.partition.kind}, model {p.model.name})"
     )
 

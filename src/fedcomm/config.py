@@ -74,7 +74,7 @@ class Synthetic(Strict):
 
 
 DatasetConfig = Annotated[
-    Union[Digits, Mnist, Femnist, Shakespeare, Ptb, Cifar, Synthetic], Field(discriminator="name")
+    Digits | Mnist | Femnist | Shakespeare | Ptb | Cifar | Synthetic, Field(discriminator="name")
 ]
 
 
@@ -118,7 +118,8 @@ class DirichletPartition(_Partition):
             raise ValueError(f"alpha must be > 0 (got {self.alpha})")
         if isinstance(self.alpha, list) and len(self.alpha) != self.num_partitions:
             raise ValueError(
-                f"alpha as a list needs num_partitions={self.num_partitions} entries, got {len(self.alpha)}"
+                f"alpha as a list needs num_partitions={self.num_partitions} entries, "
+                f"got {len(self.alpha)}"
             )
         return self
 
@@ -161,14 +162,12 @@ class NaturalIdPartition(_Partition):
 
 
 PartitionConfig = Annotated[
-    Union[
-        IidPartition,
-        DirichletPartition,
-        PathologicalPartition,
-        ShardPartition,
-        SizePartition,
-        NaturalIdPartition,
-    ],
+    IidPartition
+    | DirichletPartition
+    | PathologicalPartition
+    | ShardPartition
+    | SizePartition
+    | NaturalIdPartition,
     Field(discriminator="kind"),
 ]
 
@@ -204,9 +203,7 @@ class LstmModel(Strict):
     output: Literal["sequence", "last"] = "sequence"
 
 
-ModelConfig = Annotated[
-    Union[MlpModel, CnnModel, ResNetModel, LstmModel], Field(discriminator="name")
-]
+ModelConfig = Annotated[MlpModel | CnnModel | ResNetModel | LstmModel, Field(discriminator="name")]
 
 
 def model_options(cfg: BaseModel) -> dict[str, Any]:
@@ -234,8 +231,13 @@ class TrainConfig(Strict):
     topk: int = Field(1, ge=1, description="k of topk/accuracy (3 for next-word prediction)")
     checkpoint_every: int = Field(5, ge=1)
     compressor: CompressorConfig = Field(default_factory=CompressorConfig)
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
+
+
+class ExperimentConfig(Strict):
+    """``experiment``: which algorithm runs and seeds the pipeline expands over (DVC matrix)."""
+
     runs: list[str] = Field(min_length=1, description="keys of `algorithms` to train")
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
 
 
 def _algorithm_union() -> Any:
@@ -243,7 +245,7 @@ def _algorithm_union() -> Any:
     return Annotated[Union[members], Field(discriminator="name")]  # noqa: UP007
 
 
-AlgorithmUnion = _algorithm_union()
+AlgorithmUnion: Any = _algorithm_union()
 
 
 # --- evaluate / summarize / tracking ------------------------------------------------------------
@@ -277,6 +279,7 @@ class TrackingConfig(Strict):
 class Params(Strict):
     """The whole ``params.yaml``."""
 
+    experiment: ExperimentConfig
     data: DataConfig = Field(default_factory=DataConfig)
     partition: PartitionConfig
     model: ModelConfig
@@ -288,19 +291,24 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _runs_exist(self) -> Params:
-        for i, run in enumerate(self.train.runs):
+        runs = self.experiment.runs
+        for i, run in enumerate(runs):
             if run not in self.algorithms:
                 raise ValueError(
-                    f"train.runs[{i}]={run!r} is not a key of algorithms "
+                    f"experiment.runs[{i}]={run!r} is not a key of algorithms "
                     f"(allowed: {sorted(self.algorithms)})"
                 )
-        if len(set(self.train.runs)) != len(self.train.runs):
-            raise ValueError(f"train.runs has duplicates: {self.train.runs}")
+        if len(set(runs)) != len(runs):
+            raise ValueError(f"experiment.runs has duplicates: {runs}")
+        if len(set(self.experiment.seeds)) != len(self.experiment.seeds):
+            raise ValueError(f"experiment.seeds has duplicates: {self.experiment.seeds}")
         return self
 
     def algorithm(self, run: str) -> AlgorithmConfig:
         if run not in self.algorithms:
-            raise ConfigError(f"algorithms.{run}: no such entry (allowed: {sorted(self.algorithms)})")
+            raise ConfigError(
+                f"algorithms.{run}: no such entry (allowed: {sorted(self.algorithms)})"
+            )
         cfg: AlgorithmConfig = self.algorithms[run]
         return cfg
 
@@ -319,7 +327,9 @@ def format_errors(err: ValidationError, source: str, raw: Any = None) -> str:
             shown = "<missing>"
         elif isinstance(value, dict):
             tag = {k: value[k] for k in ("name", "kind") if k in value}
-            shown = f"a mapping with {tag}" if tag else f"a mapping with keys {sorted(map(str, value))}"
+            shown = (
+                f"a mapping with {tag}" if tag else f"a mapping with keys {sorted(map(str, value))}"
+            )
         else:
             shown = repr(value)
         lines.append(f"  - {loc or '<root>'}: {e['msg']} (got {shown})")
@@ -331,7 +341,11 @@ def _clean_location(loc: tuple[int | str, ...], raw: Any) -> list[str]:
     parts: list[str] = []
     node = raw
     for part in loc:
-        if isinstance(node, dict) and part not in node and part in (node.get("name"), node.get("kind")):
+        if (
+            isinstance(node, dict)
+            and part not in node
+            and part in (node.get("name"), node.get("kind"))
+        ):
             continue  # a union tag, not a key of the input
         parts.append(str(part))
         if isinstance(node, dict):

@@ -41,8 +41,8 @@ from fedcomm.models import build_model
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import checkpoint as ckpt_mod
 from fedcomm.simulation import loop
-from fedcomm.simulation.progress import round_progress
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.simulation.progress import round_progress
 from fedcomm.sparse_io import load_sparse, save_sparse
 from fedcomm.tracking import mlflow as tracking
 
@@ -114,7 +114,7 @@ def resolved_run_config(params: Params, run: str, seed: int, phash: str) -> dict
         "partition": params.partition.model_dump(mode="json"),
         "partition_hash": phash,
         "model": params.model.model_dump(mode="json"),
-        "train": params.train.model_dump(mode="json", exclude={"seeds", "runs"}),
+        "train": params.train.model_dump(mode="json"),
     }
 
 
@@ -159,10 +159,14 @@ def train_stage(
     name = run_name(run, seed)
     ckpt = paths.checkpoints / name / "state.pt"
     previous = ckpt_mod.load(ckpt, chash) if resume else None
-    tracker = _open_tracker(params, run, seed, name, config, phash, previous.run_id if previous else None)
+    tracker = _open_tracker(
+        params, run, seed, name, config, phash, previous.run_id if previous else None
+    )
     model = build_run_model(params, data, seed)
     algorithm = build_algorithm(params.algorithm(run))
-    compressor = build_compressor(params.train.compressor.name, **params.train.compressor.model_dump(exclude={"name"}))
+    compressor = build_compressor(
+        params.train.compressor.name, **params.train.compressor.model_dump(exclude={"name"})
+    )
     t = params.train
     cfg = loop.LoopConfig(
         rounds=t.rounds,
@@ -177,8 +181,16 @@ def train_stage(
     try:
         with round_progress(name, t.rounds, enabled=show_progress) as progress:
             result = loop.run(
-                cfg, algorithm, model, data, compressor,
-                config_hash=chash, checkpoint_path=ckpt, tracker=tracker, resume=resume, progress=progress,
+                cfg,
+                algorithm,
+                model,
+                data,
+                compressor,
+                config_hash=chash,
+                checkpoint_path=ckpt,
+                tracker=tracker,
+                resume=resume,
+                progress=progress,
             )
         out = _write_run_outputs(paths.train_dir(run, seed), result, config, tracker.run_id)
         for f in ("rounds.parquet", "ledger.parquet", "clients.parquet", "model.safetensors"):
@@ -192,7 +204,13 @@ def train_stage(
 
 
 def _open_tracker(
-    params: Params, run: str, seed: int, name: str, config: dict[str, Any], phash: str, run_id: str | None
+    params: Params,
+    run: str,
+    seed: int,
+    name: str,
+    config: dict[str, Any],
+    phash: str,
+    run_id: str | None,
 ) -> tracking.MlflowTracker | tracking.NullTracker:
     if not params.tracking.enabled:
         return tracking.NullTracker()
@@ -207,17 +225,25 @@ def _open_tracker(
         "fedcomm_version": __version__,
     }
     return tracking.open_run(
-        uri=params.tracking.uri, experiment=params.tracking.experiment, run_name=name,
-        tags=tags, params=config, run_id=run_id,
+        uri=params.tracking.uri,
+        experiment=params.tracking.experiment,
+        run_name=name,
+        tags=tags,
+        params=config,
+        run_id=run_id,
     )
 
 
-def _write_run_outputs(out: Path, result: loop.RunResult, config: dict[str, Any], run_id: str | None) -> Path:
+def _write_run_outputs(
+    out: Path, result: loop.RunResult, config: dict[str, Any], run_id: str | None
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     st = result.state
     write_parquet_atomic(rounds_frame(st.round_rows), out / "rounds.parquet")
     result.ledger.write(out / "ledger.parquet")
-    write_parquet_atomic(pl.DataFrame(st.client_rows, infer_schema_length=None), out / "clients.parquet")
+    write_parquet_atomic(
+        pl.DataFrame(st.client_rows, infer_schema_length=None), out / "clients.parquet"
+    )
     save_sparse(result.final_params, out / "model.safetensors")
     _write_json(out / "run.json", {"mlflow_run_id": run_id, "config": config, "rounds": st.round_})
     return out
@@ -255,7 +281,11 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     clients = pl.read_parquet(trained / "clients.parquet")
     ev = params.evaluate
     summary = summarize_run(
-        rounds, ledger, clients, budgets_gib=ev.budgets_gib, targets=ev.targets,
+        rounds,
+        ledger,
+        clients,
+        budgets_gib=ev.budgets_gib,
+        targets=ev.targets,
         link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),
     )
     data, _ = load_federated(params, paths)
@@ -263,12 +293,16 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     final = load_sparse(trained / "model.safetensors")
     g = evaluate(model, final, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
     per_client = [
-        {"client_id": c, **_eval_row(evaluate(model, final, d.x, d.y))} for c, d in enumerate(data.test)
+        {"client_id": c, **_eval_row(evaluate(model, final, d.x, d.y))}
+        for c, d in enumerate(data.test)
     ]
     table = pl.DataFrame(per_client, infer_schema_length=None)
     write_parquet_atomic(table, out / "eval_clients.parquet")
-    summary["saved_model"] = {"global/accuracy": g.accuracy, "global/loss": g.loss,
-                              "topk/accuracy": g.topk.get(params.train.topk)}
+    summary["saved_model"] = {
+        "global/accuracy": g.accuracy,
+        "global/loss": g.loss,
+        "topk/accuracy": g.topk.get(params.train.topk),
+    }
     _write_json(out / "metrics.json", summary)
     run_info = json.loads((trained / "run.json").read_text())
     if params.tracking.enabled and run_info.get("mlflow_run_id"):

@@ -29,7 +29,8 @@ def seed_sequence(seed: int, stream: Stream, *keys: int) -> np.random.SeedSequen
     """The seed sequence of ``stream`` at ``keys`` (e.g. ``(round_, client_id)``)."""
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    return np.random.SeedSequence([seed, int(stream), *(int(k) for k in keys)])
+    # the key count is part of the entropy: numpy zero-pads, so (s, st) and (s, st, 0) would collide
+    return np.random.SeedSequence([seed, int(stream), len(keys), *(int(k) for k in keys)])
 
 
 def numpy_rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

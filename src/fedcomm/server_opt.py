@@ -80,7 +80,8 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool = True
 
 
 def scale_by_adamax(b1: float, b2: float, eps: float) -> Transform:
-    """Adamax direction ``m̂ / (u + eps)`` with ``u ← max(b2·u, |d|)`` (Kingma & Ba, 2015)."""
+    """Adamax direction ``m̂ / u`` with ``u ← max(b2·u, |d| + eps)`` (Kingma & Ba, 2015;
+    eps placed as in :class:`torch.optim.Adamax`)."""
 
     def init(p: Mapping[str, Tensor]) -> tuple[int, Params, Params]:
         zeros = {k: torch.zeros_like(v) for k, v in p.items()}
@@ -92,8 +93,8 @@ def scale_by_adamax(b1: float, b2: float, eps: float) -> Transform:
         count, mu, u = s
         count += 1
         mu = {k: b1 * mu[k] + (1 - b1) * v for k, v in d.items()}
-        u = {k: torch.maximum(b2 * u[k], v.abs()) for k, v in d.items()}
-        step = {k: (mu[k] / (1 - b1**count)) / (u[k] + eps) for k in d}
+        u = {k: torch.maximum(b2 * u[k], v.abs() + eps) for k, v in d.items()}
+        step = {k: (mu[k] / (1 - b1**count)) / u[k] for k in d}
         return step, (count, mu, u)
 
     return Transform(init, update)
@@ -127,7 +128,11 @@ def momentum(lr: float = 1.0, beta: float = 0.9, nesterov: bool = False) -> Tran
 
 
 def adam(
-    lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, bias_correction: bool = True
+    lr: float = 1e-3,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    bias_correction: bool = True,
 ) -> Transform:
     """FedAdam."""
     return chain(scale_by_adam(b1, b2, eps, bias_correction), scale(lr))

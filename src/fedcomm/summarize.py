@@ -16,9 +16,8 @@ import polars as pl
 
 from fedcomm.comm.ledger import write_parquet_atomic
 from fedcomm.config import Params
-from fedcomm.evaluation.summaries import aggregate_seeds
 from fedcomm.experiment import Paths, _write_json
-from fedcomm.reporting.summary import write_report, write_text_atomic
+from fedcomm.reporting.summary import summary_table, write_report, write_text_atomic
 
 CURVE_COLUMNS = {
     "round": "round",
@@ -29,12 +28,14 @@ CURVE_COLUMNS = {
 }
 
 
-def collect(params: Params, paths: Paths) -> tuple[dict[str, list[pl.DataFrame]], dict[str, list[dict[str, Any]]]]:
+def collect(
+    params: Params, paths: Paths
+) -> tuple[dict[str, list[pl.DataFrame]], dict[str, list[dict[str, Any]]]]:
     """Per run label: the rounds tables and the metrics.json summaries of its seeds."""
     rounds: dict[str, list[pl.DataFrame]] = {}
     summaries: dict[str, list[dict[str, Any]]] = {}
-    for run in params.train.runs:
-        for seed in params.train.seeds:
+    for run in params.experiment.runs:
+        for seed in params.experiment.seeds:
             d = paths.run_dir(run, seed)
             rounds.setdefault(run, []).append(pl.read_parquet(d / "train" / "rounds.parquet"))
             summaries.setdefault(run, []).append(json.loads((d / "metrics.json").read_text()))
@@ -44,7 +45,7 @@ def collect(params: Params, paths: Paths) -> tuple[dict[str, list[pl.DataFrame]]
 def curves(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> pl.DataFrame:
     frames = []
     for run, tables in rounds.items():
-        for seed, t in zip(params.train.seeds, tables, strict=True):
+        for seed, t in zip(params.experiment.seeds, tables, strict=True):
             cols = [pl.col(c).alias(a) for c, a in CURVE_COLUMNS.items() if c in t.columns]
             frames.append(
                 t.filter(pl.col("global/accuracy").is_not_null())
@@ -54,11 +55,19 @@ def curves(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> pl.DataFram
     return pl.concat(frames, how="diagonal_relaxed")
 
 
+def headline(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """``{run: {metric: mean, metric_se: se}}``: the summary table, for ``dvc metrics``."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in summary_table(summaries).iter_rows(named=True):
+        run = row.pop("algorithm")
+        out[run] = {k.removesuffix("_mean"): v for k, v in row.items()}
+    return out
+
+
 def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
     rounds, summaries = collect(params, paths)
     written = write_report(paths.reports, rounds, summaries, title=params.summarize.title)
-    metrics = {run: aggregate_seeds(s) for run, s in summaries.items()}
-    _write_json(paths.reports / "metrics.json", metrics)
+    _write_json(paths.reports / "metrics.json", headline(summaries))
     table = curves(params, rounds)
     write_text_atomic(table.write_csv(), paths.reports / "curves.csv")
     write_parquet_atomic(table, paths.reports / "curves.parquet")

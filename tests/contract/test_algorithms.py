@@ -29,7 +29,9 @@ TIME_KEYS = ("time/",)
 @pytest.fixture(scope="module")
 def fed() -> FederatedTensors:
     ds = load_dataset("digits")
-    part = make_partition(ds, PartitionSpec("dirichlet", 6, {"alpha": 1.0, "min_partition_size": 20}, 0.2, 0))
+    part = make_partition(
+        ds, PartitionSpec("dirichlet", 6, {"alpha": 1.0, "min_partition_size": 20}, 0.2, 0)
+    )
     return FederatedTensors.build(ds, part.train, part.test)
 
 
@@ -40,21 +42,39 @@ def _model(fed: FederatedTensors) -> torch.nn.Module:
 
 def _cfg(rounds: int = 2) -> loop.LoopConfig:
     return loop.LoopConfig(
-        rounds=rounds, clients_per_round=3, local=LocalConfig(epochs=1, batch_size=16, lr=0.05), seed=7,
+        rounds=rounds,
+        clients_per_round=3,
+        local=LocalConfig(epochs=1, batch_size=16, lr=0.05),
+        seed=7,
         checkpoint_every=1,
     )
 
 
-def _run(name: str, fed: FederatedTensors, ckpt: Path | None = None, resume: bool = False, **cfg_kw: object) -> loop.RunResult:
+def _run(
+    name: str,
+    fed: FederatedTensors,
+    ckpt: Path | None = None,
+    resume: bool = False,
+    **cfg_kw: object,
+) -> loop.RunResult:
     alg = build_algorithm(CONFIGS[name](**cfg_kw))  # type: ignore[arg-type]
     return loop.run(
-        _cfg(), alg, _model(fed), fed, build_compressor("none"),
-        config_hash="contract", checkpoint_path=ckpt, resume=resume,
+        _cfg(),
+        alg,
+        _model(fed),
+        fed,
+        build_compressor("none"),
+        config_hash="contract",
+        checkpoint_path=ckpt,
+        resume=resume,
     )
 
 
 def _numbers(res: loop.RunResult) -> list[dict[str, object]]:
-    return [{k: v for k, v in row.items() if not k.startswith(TIME_KEYS)} for row in res.state.round_rows]
+    return [
+        {k: v for k, v in row.items() if not k.startswith(TIME_KEYS)}
+        for row in res.state.round_rows
+    ]
 
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -87,7 +107,9 @@ def test_two_rounds_are_deterministic(name: str, fed: FederatedTensors) -> None:
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_state_round_trips_through_checkpoint(name: str, fed: FederatedTensors, tmp_path: Path) -> None:
+def test_state_round_trips_through_checkpoint(
+    name: str, fed: FederatedTensors, tmp_path: Path
+) -> None:
     ckpt = tmp_path / "state.pt"
     full = _run(name, fed, ckpt=ckpt)  # saves after round 1 (not after the last round)
     saved = checkpoint.load(ckpt, "contract")

@@ -24,7 +24,9 @@ def _round(weighting: str) -> tuple[torch.Tensor, Ledger]:
     #   = [[(0.10 - 0.15)/3], [(-0.10 + 0.15)/3]] = [[-1/60], [1/60]]
     # Uniform weighting: W = (W_A + W_B)/2 = [[-0.05], [0.05]]
     model = nn.Linear(1, 2, bias=False)
-    alg = build_algorithm(fedavg.Config(weighting=weighting, server=ServerOptConfig(optimizer="sgd", lr=1.0)))  # type: ignore[arg-type]
+    alg = build_algorithm(
+        fedavg.Config(weighting=weighting, server=ServerOptConfig(optimizer="sgd", lr=1.0))
+    )  # type: ignore[arg-type]
     ctx = RoundContext(1, torch.Generator().manual_seed(0))
     state = alg.init_server({"weight": torch.zeros(2, 1)}, ctx)
     clients = {
@@ -35,7 +37,13 @@ def _round(weighting: str) -> tuple[torch.Tensor, Ledger]:
     for cid, data in clients.items():
         down = alg.broadcast(state, cid, None, ctx)
         ledger.record(1, cid, "down", down)
-        cctx = ClientContext(1, cid, model, LocalConfig(epochs=1, batch_size=2, lr=0.1), torch.Generator().manual_seed(cid))
+        cctx = ClientContext(
+            1,
+            cid,
+            model,
+            LocalConfig(epochs=1, batch_size=2, lr=0.1),
+            torch.Generator().manual_seed(cid),
+        )
         res = alg.client_update(down.decode(), None, data, cctx)
         ledger.record(1, cid, "up", res.uplink)
         uplinks.append(Uplink(cid, res.num_examples, res.uplink.decode()))

@@ -38,12 +38,21 @@ def test_tiny_params_validate() -> None:
         ({"train.lr": 0.1}, "train.lr: Extra inputs are not permitted (got 0.1)"),
         ({"partition.alpha": -0.5}, "alpha must be > 0"),
         ({"partition.kind": "random"}, "partition: Input tag 'random' found using 'kind'"),
-        ({"algorithms.fedprox.mu": -1}, "algorithms.fedprox.mu: Input should be greater than or equal to 0 (got -1)"),
+        (
+            {"algorithms.fedprox.mu": -1},
+            "algorithms.fedprox.mu: Input should be greater than or equal to 0 (got -1)",
+        ),
         ({"algorithms.fedavg.name": "fedsgd"}, "algorithms.fedavg: Input tag 'fedsgd'"),
-        ({"algorithms.fedavg.server": {"optimizer": "rmsprop"}}, "algorithms.fedavg.server.optimizer"),
+        (
+            {"algorithms.fedavg.server": {"optimizer": "rmsprop"}},
+            "algorithms.fedavg.server.optimizer",
+        ),
         ({"model.name": "vit"}, "model: Input tag 'vit'"),
         ({"data.dataset": {"name": "imagenet"}}, "data.dataset: Input tag 'imagenet'"),
-        ({"train.runs": ["fedavg", "nope"]}, "train.runs[1]='nope' is not a key of algorithms"),
+        (
+            {"experiment.runs": ["fedavg", "nope"]},
+            "experiment.runs[1]='nope' is not a key of algorithms",
+        ),
         ({"train.local.steps": 5}, "set exactly one of epochs and steps"),
         ({"partition.test_fraction": 1.0}, "partition.test_fraction"),
         ({"evaluate.targets": [1.5]}, "evaluate.targets.0"),
@@ -82,7 +91,9 @@ def test_cli_validate_ok_and_bad(tmp_path: Path) -> None:
 
 
 def test_bad_params_leave_no_outputs(project: Path) -> None:
-    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(**{"algorithms.fedavg.server.lr": -1})))
+    (project / "params.yaml").write_text(
+        yaml.safe_dump(tiny_params(**{"algorithms.fedavg.server.lr": -1}))
+    )
     for argv in (["partition"], ["train", "--run", "fedavg"], ["summarize"]):
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == 2, res.output

@@ -9,7 +9,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from fedcomm.algorithms.base import ALGORITHMS, CONFIGS, AlgorithmConfig, FedAlgorithm, build_algorithm
+from fedcomm.algorithms.base import (
+    ALGORITHMS,
+    CONFIGS,
+    AlgorithmConfig,
+    FedAlgorithm,
+    build_algorithm,
+)
 
 for _mod in pkgutil.iter_modules(__path__):
     if not _mod.name.startswith("_") and _mod.name != "base":

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 from torch.func import functional_call
@@ -42,19 +42,31 @@ class LocalConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    epochs: int | None = Field(1, ge=1, description="local epochs (exclusive with steps)")
+    epochs: int | None = Field(
+        None, ge=1, description="local epochs (default 1; exclusive with steps)"
+    )
     steps: int | None = Field(None, ge=1, description="local SGD steps (exclusive with epochs)")
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
-    clip_grad_norm: float | None = Field(None, gt=0, description="max global grad norm, off if null")
+    clip_grad_norm: float | None = Field(
+        None, gt=0, description="max global grad norm, off if null"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_one_epoch(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("epochs") is None and data.get("steps") is None:
+            return {**data, "epochs": 1}
+        return data
 
     @model_validator(mode="after")
     def _epochs_xor_steps(self) -> LocalConfig:
-        if (self.epochs is None) == (self.steps is None):
+        if self.epochs is not None and self.steps is not None:
             raise ValueError(
-                f"set exactly one of epochs and steps (got epochs={self.epochs}, steps={self.steps})"
+                "set exactly one of epochs and steps "
+                f"(got epochs={self.epochs}, steps={self.steps})"
             )
         return self
 
@@ -130,7 +142,9 @@ def _sgd_step(
     live: dict[str, Tensor], grads: dict[str, Tensor], bufs: dict[str, Tensor], cfg: LocalConfig
 ) -> None:
     if cfg.clip_grad_norm is not None:
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+        norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])
+        )
         factor = min(1.0, cfg.clip_grad_norm / (float(norm) + 1e-6))
         grads = {k: g * factor for k, g in grads.items()}
     for k, w in live.items():

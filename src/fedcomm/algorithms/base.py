@@ -124,13 +124,16 @@ CONFIGS: dict[str, type[AlgorithmConfig]] = {}
 def config_name(config_cls: type[AlgorithmConfig]) -> str:
     """The ``name`` literal of an algorithm config class."""
     field_info = config_cls.model_fields["name"]
-    args = getattr(field_info.annotation, "__args__", ())
-    if len(args) != 1 or not isinstance(args[0], str):
+    args: tuple[object, ...] = getattr(field_info.annotation, "__args__", ())
+    name = args[0] if len(args) == 1 else None
+    if not isinstance(name, str):
         raise TypeError(f"{config_cls.__name__}.name must be Literal['<one name>']")
-    return args[0]
+    return name
 
 
-def register(config_cls: type[C]) -> Callable[[Callable[[C], FedAlgorithm]], Callable[[C], FedAlgorithm]]:
+def register(
+    config_cls: type[C],
+) -> Callable[[Callable[[C], FedAlgorithm]], Callable[[C], FedAlgorithm]]:
     """Register ``build(cfg) -> FedAlgorithm`` for the algorithm named by ``config_cls``."""
     name = config_name(config_cls)
 
@@ -149,7 +152,9 @@ def build_algorithm(cfg: AlgorithmConfig) -> FedAlgorithm:
     try:
         build = ALGORITHMS[cfg.name]
     except KeyError:
-        raise ValueError(f"unknown algorithm {cfg.name!r}; registered: {sorted(ALGORITHMS)}") from None
+        raise ValueError(
+            f"unknown algorithm {cfg.name!r}; registered: {sorted(ALGORITHMS)}"
+        ) from None
     return build(cfg)
 
 
@@ -157,7 +162,9 @@ def build_algorithm(cfg: AlgorithmConfig) -> FedAlgorithm:
 
 
 def weighted_mean(
-    tensors: Sequence[Mapping[str, Tensor]], weights: Sequence[float], keys: Sequence[str] | None = None
+    tensors: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    keys: Sequence[str] | None = None,
 ) -> Params:
     """``Σ_k w_k t_k / Σ_k w_k`` per key (keys default to those of the first mapping)."""
     if not tensors:

@@ -77,7 +77,9 @@ def make(
             metrics={"train/loss": res.loss},
         )
 
-    def server_update(state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext) -> ServerState:
+    def server_update(
+        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+    ) -> ServerState:
         delta = weighted_mean([u.tensors for u in uplinks], client_weights(uplinks, weighting))
         step, opt_state = opt.update(delta, state.opt_state)
         return ServerState(apply_step(state.params, step), opt_state)
@@ -92,7 +94,6 @@ def make(
         server_update=server_update,
         global_params=lambda s: s.params,
     )
-
 
 
 @register(Config)

@@ -15,7 +15,6 @@ Bytes are ``bits / 8``; GiB are ``bytes / 2**30``.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 FLOAT_BITS = 32  # fp32 values
@@ -34,7 +33,8 @@ def dense(numel: int, value_bits: int = FLOAT_BITS) -> int:
 def coo_index_width(numel: int) -> int:
     """Bits needed to address one of ``numel`` positions: ``ceil(log2 numel)`` (>= 1)."""
     _check_nonneg(numel=numel)
-    return max(1, math.ceil(math.log2(numel))) if numel > 1 else 1
+    # Exact integer form of ceil(log2 numel): float log2 rounds 2**k + 1 down to k for k >= ~48.
+    return max(1, (numel - 1).bit_length())
 
 
 def bitmap(numel: int) -> int:
@@ -45,13 +45,20 @@ def bitmap(numel: int) -> int:
 
 def coo(nnz: int, numel: int, index_bits: int | None = None) -> int:
     """Bits of ``nnz`` coordinate indices into ``numel`` positions (fixed width if given)."""
-    _check_nonneg(nnz=nnz, numel=numel)
+    _check_nonneg(nnz=nnz, numel=numel, index_bits=index_bits or 0)
+    if nnz > numel:
+        raise ValueError(f"nnz={nnz} exceeds numel={numel}")
     width = coo_index_width(numel) if index_bits is None else index_bits
     return nnz * width
 
 
-def sparse_index(nnz: int, numel: int, fmt: IndexFormat = "auto", index_bits: int | None = None) -> int:
+def sparse_index(
+    nnz: int, numel: int, fmt: IndexFormat = "auto", index_bits: int | None = None
+) -> int:
     """Index bits of a sparse tensor in format ``fmt`` (``auto`` = the cheaper of the two)."""
+    _check_nonneg(nnz=nnz, numel=numel)
+    if nnz > numel:
+        raise ValueError(f"nnz={nnz} exceeds numel={numel}")
     if fmt == "bitmap":
         return bitmap(numel)
     if fmt == "coo":
@@ -59,7 +66,9 @@ def sparse_index(nnz: int, numel: int, fmt: IndexFormat = "auto", index_bits: in
     return min(bitmap(numel), coo(nnz, numel, index_bits))
 
 
-def choose_index_format(nnz: int, numel: int, index_bits: int | None = None) -> Literal["bitmap", "coo"]:
+def choose_index_format(
+    nnz: int, numel: int, index_bits: int | None = None
+) -> Literal["bitmap", "coo"]:
     """The cheaper index structure for ``nnz`` of ``numel`` (ties go to the bitmap)."""
     return "bitmap" if bitmap(numel) <= coo(nnz, numel, index_bits) else "coo"
 

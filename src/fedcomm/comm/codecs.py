@@ -77,7 +77,9 @@ def _identity() -> Compressor:
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {"none": _identity}
 
 
-def register_compressor(name: str) -> Callable[[Callable[..., Compressor]], Callable[..., Compressor]]:
+def register_compressor(
+    name: str,
+) -> Callable[[Callable[..., Compressor]], Callable[..., Compressor]]:
     """Register a compressor factory under ``name``."""
 
     def deco(factory: Callable[..., Compressor]) -> Callable[..., Compressor]:

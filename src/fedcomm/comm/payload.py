@@ -31,7 +31,9 @@ class BitCount:
         return self.payload + self.index + self.meta
 
     def __add__(self, other: BitCount) -> BitCount:
-        return BitCount(self.payload + other.payload, self.index + other.index, self.meta + other.meta)
+        return BitCount(
+            self.payload + other.payload, self.index + other.index, self.meta + other.meta
+        )
 
 
 @runtime_checkable

@@ -42,7 +42,11 @@ class FederatedTensors:
             return ClientData(x.index_select(0, idx), y.index_select(0, idx))
 
         tests = tuple(take(r) for r in test)
-        all_test = np.concatenate([np.asarray(r, dtype=np.int64) for r in test]) if test else np.zeros(0, np.int64)
+        all_test = (
+            np.concatenate([np.asarray(r, dtype=np.int64) for r in test])
+            if test
+            else np.zeros(0, np.int64)
+        )
         return cls(
             train=tuple(take(r) for r in train),
             test=tests,

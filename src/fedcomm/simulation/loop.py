@@ -30,13 +30,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import (
     ClientContext,
     FedAlgorithm,
     RoundContext,
     Uplink,
 )
-from fedcomm.algorithms._local import LocalConfig
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger
@@ -50,7 +50,8 @@ CRASH_ENV = "FEDCOMM_KILL_AFTER_ROUND"  # test hook: SIGKILL this process after 
 
 
 class Tracker(Protocol):
-    run_id: str | None
+    @property
+    def run_id(self) -> str | None: ...
 
     def log_round(self, round_: int, metrics: Mapping[str, float | None]) -> None: ...
 
@@ -125,7 +126,9 @@ def run(
     if state is None:
         init = {k: v.detach().clone() for k, v in model.named_parameters()}
         state = checkpoint.RunState(config_hash=config_hash)
-        state.server = algorithm.init_server(init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0)))
+        state.server = algorithm.init_server(
+            init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0))
+        )
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
     ledger = Ledger(list(state.ledger_rows))
@@ -133,7 +136,9 @@ def run(
 
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
         t_round = time.perf_counter()
-        metrics, cum_bits = _one_round(cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits)
+        metrics, cum_bits = _one_round(
+            cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits
+        )
         metrics["time/round_s"] = time.perf_counter() - t_round
         state.round_ = round_
         state.round_rows.append({"round": round_, **metrics})
@@ -142,7 +147,11 @@ def run(
             tracker.log_round(round_, metrics)
         if progress is not None:
             progress(round_, metrics)
-        if checkpoint_path is not None and (round_ % cfg.checkpoint_every == 0) and round_ < cfg.rounds:
+        if (
+            checkpoint_path is not None
+            and (round_ % cfg.checkpoint_every == 0)
+            and round_ < cfg.rounds
+        ):
             checkpoint.save(state, checkpoint_path)
         if os.environ.get(CRASH_ENV) == str(round_):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -181,9 +190,19 @@ def _one_round(
         train_s.append(time.perf_counter() - t0)
         up_bits += ledger.record(round_, cid, "up", payload)
         uplinks.append(Uplink(cid, result.num_examples, payload.decode()))
-        local = evaluate(model, result.local_params, data.test[cid].x, data.test[cid].y, batch_size=cfg.eval_batch_size)
+        local = evaluate(
+            model,
+            result.local_params,
+            data.test[cid].x,
+            data.test[cid].y,
+            batch_size=cfg.eval_batch_size,
+        )
         state.clients[cid] = ClientRecord(
-            result.state, comp_state, local.accuracy if local.n else None, local.loss if local.n else None, local.n
+            result.state,
+            comp_state,
+            local.accuracy if local.n else None,
+            local.loss if local.n else None,
+            local.n,
         )
         loss = result.metrics.get("train/loss", math.nan)
         losses.append((loss, result.num_examples))
@@ -211,13 +230,25 @@ def _one_round(
         "time/client_max_s": float(np.max(train_s)),
     }
     metrics.update(_local_metrics(state.clients, data.num_clients))
-    metrics.update({f"{algorithm.name}/{k}" if "/" not in k else k: v for k, v in algorithm.server_metrics(state.server).items()})
+    metrics.update(
+        {
+            f"{algorithm.name}/{k}" if "/" not in k else k: v
+            for k, v in algorithm.server_metrics(state.server).items()
+        }
+    )
     params = algorithm.global_params(state.server)
     dens = density(params)
     metrics["model/density"] = dens
     metrics["model/sparsity"] = 1.0 - dens
     if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:  # 5. evaluate
-        g = evaluate(model, params, data.global_test.x, data.global_test.y, batch_size=cfg.eval_batch_size, topk=(cfg.topk,))
+        g = evaluate(
+            model,
+            params,
+            data.global_test.x,
+            data.global_test.y,
+            batch_size=cfg.eval_batch_size,
+            topk=(cfg.topk,),
+        )
         metrics["global/accuracy"] = g.accuracy
         metrics["global/loss"] = g.loss
         metrics["topk/accuracy"] = g.topk.get(cfg.topk)
@@ -231,7 +262,9 @@ def _weighted(values: list[float], weights: list[int]) -> float | None:
     return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
 
 
-def _local_metrics(clients: Mapping[int, ClientRecord], num_clients: int) -> dict[str, float | None]:
+def _local_metrics(
+    clients: Mapping[int, ClientRecord], num_clients: int
+) -> dict[str, float | None]:
     """Local accuracy over clients that have uploaded (unweighted and test-size weighted)."""
     seen = [r for r in clients.values() if r.local_accuracy is not None]
     if not seen:

@@ -21,11 +21,18 @@ from tests.conftest import tiny_params
 pytestmark = pytest.mark.slow
 
 
-def _fedcomm(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _fedcomm(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "FEDCOMM_PROJECT_ROOT": str(cwd), **(env or {})}
     full.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run(
-        [sys.executable, "-m", "fedcomm.cli", *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "fedcomm.cli", *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

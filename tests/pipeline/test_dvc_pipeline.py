@@ -1,0 +1,127 @@
+"""The real pipeline: `dvc repro` on the tiny profile in a temporary git+DVC copy of the repo,
+then a queued experiment (`dvc exp run --queue` + `dvc queue start`) that must log into the same
+absolute MLflow store as the workspace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from fedcomm.config import load_params
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+COPY = ["dvc.yaml", "stages", "pipeline", "src", ".dvcignore", ".gitignore"]
+
+
+def _sh(cwd: Path, *cmd: str, timeout: int = 600) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for var in ("MLFLOW_TRACKING_URI", "FEDCOMM_PROJECT_ROOT"):
+        env.pop(var, None)
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pipeline")
+    for name in COPY:
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
+    (root / ".dvc").mkdir()
+    shutil.copy(REPO / ".dvc" / "config", root / ".dvc" / "config")
+    shutil.copy(REPO / ".dvc" / ".gitignore", root / ".dvc" / ".gitignore")
+    shutil.copy(REPO / "pipeline" / "profiles" / "tiny.yaml", root / "params.yaml")
+    _sh(root, "git", "init", "-q")
+    _sh(root, "git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
+    _sh(root, "git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
+    _sh(root, "dvc", "repro")
+    return root
+
+
+def _runs(root: Path) -> list[tuple[str, str, str]]:
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    assert exp is not None
+    return sorted(
+        (r.info.run_name or "", r.info.status, r.data.tags.get("dvc.exp_name", ""))
+        for r in client.search_runs([exp.experiment_id])
+    )
+
+
+def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
+    params = load_params(repo / "params.yaml")
+    summary = (repo / "reports" / "summary.md").read_text()
+    for run in params.experiment.runs:
+        assert f"`{run}`" in summary
+    for png in ("global_accuracy_vs_gib", "local_accuracy_vs_gib", "accuracy_vs_round"):
+        assert (repo / "reports" / "plots" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
+    metrics = json.loads((repo / "reports" / "metrics.json").read_text())
+    assert set(metrics) == set(params.experiment.runs)
+    run_metrics = json.loads((repo / "runs" / "fedavg-s0" / "metrics.json").read_text())
+    rounds = pl.read_parquet(repo / "runs" / "fedavg-s0" / "train" / "rounds.parquet")
+    assert run_metrics["final"]["global/accuracy"] == rounds["global/accuracy"][-1]
+    assert 0.0 < run_metrics["final"]["global/accuracy"] <= 1.0
+    assert run_metrics["saved_model"]["global/accuracy"] == pytest.approx(
+        run_metrics["final"]["global/accuracy"]
+    )
+    # one MLflow run per (algorithm, seed), finished, with the per-round curves and artifacts
+    assert _runs(repo) == [("fedadam-s0", "FINISHED", ""), ("fedavg-s0", "FINISHED", "")]
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    assert exp is not None
+    run = client.search_runs([exp.experiment_id], "attributes.run_name = 'fedavg-s0'")[0]
+    assert len(client.get_metric_history(run.info.run_id, "global/accuracy")) == params.train.rounds
+    assert run.data.tags["partition_hash"] and run.data.tags["algorithm"] == "fedavg"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"ledger.parquet", "clients.parquet", "model.safetensors", "config.json"} <= artifacts
+
+
+def test_dvc_reports_metrics_and_plots(repo: Path) -> None:
+    shown = json.loads(_sh(repo, "dvc", "metrics", "show", "--json"))
+    assert shown  # parsed by DVC
+    out = _sh(repo, "dvc", "plots", "show", "-o", "dvc_plots")
+    assert "index.html" in out and (repo / "dvc_plots" / "index.html").is_file()
+    assert "Data and pipelines are up to date" in _sh(repo, "dvc", "status")
+
+
+def test_partition_is_refused_when_stale(repo: Path) -> None:
+    from fedcomm.config import validate_params
+    from fedcomm.data.federated import StalePartitionError
+    from fedcomm.experiment import Paths, load_federated
+
+    raw = yaml.safe_load((repo / "params.yaml").read_text())
+    raw["partition"]["alpha"] = 0.3
+    with pytest.raises(StalePartitionError, match="dvc repro partition"):
+        load_federated(validate_params(raw), Paths(partition=repo / "data" / "partition"))
+
+
+def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
+    _sh(repo, "git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
+    _sh(repo, "git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "repro")
+    _sh(repo, "dvc", "exp", "run", "--queue", "-S", "train.rounds=2", "-n", "queued-exp")
+    _sh(repo, "dvc", "queue", "start", "-j", "1")
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        status = _sh(repo, "dvc", "queue", "status")
+        if "queued-exp" in status and not any(s in status for s in ("Queued", "Running")):
+            break
+        time.sleep(3)
+    assert "Success" in _sh(repo, "dvc", "queue", "status")
+    names = [r for r in _runs(repo) if r[2] == "queued-exp"]
+    assert [(n, s) for n, s, _ in names] == [("fedadam-s0", "FINISHED"), ("fedavg-s0", "FINISHED")]
+    assert not (repo / ".dvc" / "tmp" / "exps" / "mlflow.db").exists()
+    shown = _sh(repo, "dvc", "exp", "show", "--json")
+    assert "queued-exp" in shown
