@@ -295,7 +295,8 @@ def _load_idx_dataset(
             raise ValueError(f"{name} {split}: images {imgs.shape} / labels {labels.shape}")
         if labels.size and not 0 <= labels.min() <= labels.max() <= 9:
             raise ValueError(f"{name} {split}: labels outside 0..9")
-    x = np.concatenate([tr_x, te_x]).astype(np.float32)[:, None] / 255.0  # (n, 1, 28, 28)
+    x = np.concatenate([tr_x, te_x]).astype(np.float32)[:, None]  # (n, 1, 28, 28)
+    x /= 255.0  # in place: no second full-size copy
     if normalize:
         x = (x - x.mean()) / x.std()
     y = np.concatenate([tr_y, te_y]).astype(np.int64)
@@ -450,7 +451,8 @@ def _load_cifar(
     if root is None or not all(p.is_file() for p in paths):
         raise _not_found(name, root, [f"{folder}/{f}" for f in files])
     parts = [_read_cifar_batch(p, label_key) for p in paths]
-    x = np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0
+    x = np.concatenate([p[0] for p in parts]).astype(np.float32)
+    x /= 255.0
     y = np.concatenate([p[1] for p in parts])
     if y.size and not 0 <= y.min() <= y.max() < classes:
         raise ValueError(f"{name}: labels outside 0..{classes - 1}")
