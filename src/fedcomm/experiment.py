@@ -38,6 +38,7 @@ from fedcomm.data.types import Dataset
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.evaluation.summaries import LinkModel, summarize_run
 from fedcomm.models import build_model
+from fedcomm.reporting.plots import plot_accuracy_vs_gib, plot_accuracy_vs_round
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import checkpoint as ckpt_mod
 from fedcomm.simulation import loop
@@ -304,6 +305,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         "topk/accuracy": g.topk.get(params.train.topk),
     }
     _write_json(out / "metrics.json", summary)
+    plots = _run_plots(run_name(run, seed), rounds, out / "plots")
     run_info = json.loads((trained / "run.json").read_text())
     if params.tracking.enabled and run_info.get("mlflow_run_id"):
         tr = tracking.reopen(params.tracking.uri, run_info["mlflow_run_id"])
@@ -311,7 +313,30 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         tr.log_metrics({f"summary/{k}": v for k, v in flat.items()})
         tr.log_artifact(out / "eval_clients.parquet")
         tr.log_artifact(out / "metrics.json")
+        for png in plots:
+            tr.log_artifact(png, "plots")
     return summary
+
+
+def _run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
+    """This run's curves: global and local accuracy vs cumulative GiB, global accuracy vs round."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {name: [rounds]}
+    paths = [
+        out / "global_accuracy_vs_gib.png",
+        out / "local_accuracy_vs_gib.png",
+        out / "accuracy_vs_round.png",
+    ]
+    plot_accuracy_vs_gib(
+        runs, paths[0], metric="global/accuracy", title=f"{name}: global accuracy vs communication"
+    )
+    plot_accuracy_vs_gib(
+        runs, paths[1], metric="local/accuracy", title=f"{name}: local accuracy vs communication"
+    )
+    plot_accuracy_vs_round(
+        runs, paths[2], metric="global/accuracy", title=f"{name}: global accuracy vs round"
+    )
+    return paths
 
 
 def _eval_row(r: Any) -> dict[str, Any]:

@@ -86,7 +86,10 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
     assert len(client.get_metric_history(run.info.run_id, "global/accuracy")) == params.train.rounds
     assert run.data.tags["partition_hash"] and run.data.tags["algorithm"] == "fedavg"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"ledger.parquet", "clients.parquet", "model.safetensors", "config.json"} <= artifacts
+    expected = {"ledger.parquet", "clients.parquet", "model.safetensors", "config.json", "plots"}
+    assert expected <= artifacts
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert "plots/global_accuracy_vs_gib.png" in plots
 
 
 def test_dvc_reports_metrics_and_plots(repo: Path) -> None:

@@ -1,0 +1,177 @@
+"""Model evaluation: mean cross-entropy, top-1 and top-k accuracy of given parameters.
+
+The model is a template: :func:`evaluate` runs it with the parameters it is handed through
+``torch.func.functional_call``, so the same module serves the global model and every client's
+last upload without copying it.
+
+Classification logits are ``(B, C)`` with targets ``(B,)``; sequence logits ``(B, T, V)`` with
+targets ``(B, T)`` are flattened to tokens, so ``n`` then counts tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Metrics of one model on one set of examples.
+
+    Attributes:
+        n: number of examples (tokens for sequence targets) evaluated.
+        loss: mean cross-entropy (nats); NaN when ``n == 0``.
+        accuracy: top-1 accuracy in [0, 1]; NaN when ``n == 0``.
+        topk: ``{k: top-k accuracy in [0, 1]}`` for each requested ``k``.
+    """
+
+    n: int
+    loss: float
+    accuracy: float
+    topk: Mapping[int, float] = field(default_factory=dict)
+
+
+def flatten_logits(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Flatten ``(..., C)`` logits and ``(...)`` targets to ``(N, C)`` and ``(N,)``.
+
+    Args:
+        logits: ``(B, C)`` or ``(B, T, V)`` scores.
+        y: ``(B,)`` or ``(B, T)`` integer targets matching ``logits.shape[:-1]``.
+
+    Returns:
+        ``(N, C)`` logits and ``(N,)`` targets.
+
+    Raises:
+        ValueError: when the shapes do not match.
+    """
+    if tuple(logits.shape[:-1]) != tuple(y.shape):
+        raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(y.shape)}")
+    return logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+
+
+def topk_correct(logits: Tensor, y: Tensor, ks: Sequence[int]) -> dict[int, int]:
+    """Count examples whose target is among the ``k`` highest logits, for each ``k``.
+
+    Args:
+        logits: ``(N, C)`` scores.
+        y: ``(N,)`` integer targets.
+        ks: the ``k`` values (each >= 1); a ``k`` above ``C`` counts every example.
+
+    Returns:
+        ``{k: number of examples whose target is in the top k}``.
+    """
+    if ks and min(ks) < 1:
+        raise ValueError(f"top-k needs k >= 1, got {list(ks)}")
+    if not ks or logits.shape[0] == 0:
+        return dict.fromkeys(ks, 0)
+    kmax = min(max(ks), logits.shape[-1])
+    top = logits.topk(kmax, dim=-1).indices  # (N, kmax), highest first
+    hit = top == y.unsqueeze(-1)  # (N, kmax) bool, at most one True per row
+    cum = hit.cumsum(dim=-1)  # (N, kmax): 1 from the target's rank on
+    return {k: int(cum[:, min(k, kmax) - 1].sum()) for k in ks}
+
+
+def accuracy_from_logits(logits: Tensor, y: Tensor) -> float:
+    """Top-1 accuracy of ``(..., C)`` logits against ``(...)`` targets (NaN when empty).
+
+    Args:
+        logits: ``(B, C)`` or ``(B, T, V)`` scores.
+        y: matching integer targets.
+
+    Returns:
+        The fraction of examples (tokens) whose arg-max is the target.
+    """
+    flat, target = flatten_logits(logits, y)
+    if target.numel() == 0:
+        return math.nan
+    return float((flat.argmax(dim=-1) == target).double().mean())
+
+
+def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
+    """``sum(v * w) / sum(w)``; NaN when the weights sum to zero.
+
+    Args:
+        values: the values.
+        weights: non-negative weights, one per value.
+
+    Returns:
+        The weighted mean.
+
+    Raises:
+        ValueError: when the lengths differ.
+    """
+    if len(values) != len(weights):
+        raise ValueError(f"{len(values)} values but {len(weights)} weights")
+    total = math.fsum(weights)
+    if total == 0:
+        return math.nan
+    return math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Put ``model`` in eval mode for the block, then restore its previous mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def evaluate(
+    model: nn.Module,
+    params: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    *,
+    batch_size: int = 2048,
+    topk: Sequence[int] = (),
+    ignore_index: int | None = None,
+) -> EvalResult:
+    """Evaluate ``model`` run with ``params`` on ``(x, y)`` in batches.
+
+    The loss is the cross-entropy summed over all examples (tokens), then divided by ``n``, so
+    the result does not depend on ``batch_size``. Inputs are moved to the parameters' device.
+
+    Args:
+        model: the architecture (its own parameters are not used where ``params`` names them).
+        params: parameters by name, as ``model.named_parameters()`` names them.
+        x: inputs, ``(N, ...)``.
+        y: targets, ``(N,)`` for classification or ``(N, T)`` for sequences.
+        batch_size: examples per forward pass.
+        topk: ``k`` values for top-k accuracy (e.g. ``(3,)`` for next-word prediction).
+        ignore_index: target value to leave out (padding tokens), or ``None``.
+
+    Returns:
+        The :class:`EvalResult`; ``n == 0`` gives NaN loss and accuracies.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = next(iter(params.values())).device if params else x.device
+    n, loss_sum, correct = 0, 0.0, 0
+    topk_hits = dict.fromkeys(topk, 0)
+    with torch.inference_mode(), _eval_mode(model):
+        for start in range(0, len(x), batch_size):
+            xb = x[start : start + batch_size].to(device)
+            yb = y[start : start + batch_size].to(device)
+            logits = torch.func.functional_call(model, dict(params), (xb,))
+            flat, target = flatten_logits(logits, yb)  # (N, C), (N,)
+            if ignore_index is not None:
+                keep = target != ignore_index
+                flat, target = flat[keep], target[keep]
+            n += target.numel()
+            losses = F.cross_entropy(flat.float(), target, reduction="none")  # (N,)
+            loss_sum += float(losses.double().sum())
+            correct += int((flat.argmax(dim=-1) == target).sum())
+            for k, hits in topk_correct(flat, target, topk).items():
+                topk_hits[k] += hits
+    if n == 0:
+        return EvalResult(0, math.nan, math.nan, dict.fromkeys(topk, math.nan))
+    return EvalResult(n, loss_sum / n, correct / n, {k: h / n for k, h in topk_hits.items()})

@@ -1,0 +1,262 @@
+"""Accuracy curves against communication (GiB) and rounds, one line per algorithm.
+
+Seeds of an algorithm are aligned on ``round`` and drawn as their mean with a shaded ±1
+standard-error band. Only rounds every seed evaluated are kept, so the mean never jumps where a
+seed drops out (if the seeds share no round, every evaluated round is kept). Colours and markers
+follow the sorted algorithm labels, so the same set of algorithms looks the same in every plot.
+
+Figures are built with :class:`matplotlib.figure.Figure` (no pyplot global state) and written
+through a temporary file and an atomic rename.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+GIB_COLUMN = "comm/cum_gib"
+_PALETTE = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_LABELS = {
+    "global/accuracy": "Global accuracy",
+    "local/accuracy": "Local accuracy (clients' own models)",
+    "local/accuracy_weighted": "Local accuracy, weighted by test size",
+    "topk/accuracy": "Top-k accuracy",
+    "global/loss": "Global test loss",
+    "train/loss": "Training loss",
+}
+_MAX_MARKERS = 8  # per line
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One algorithm's seeds reduced to a mean curve.
+
+    Attributes:
+        x: x positions (mean over seeds), one per kept round.
+        mean: mean metric over seeds.
+        se: standard error over seeds (0 with a single seed).
+        seeds: number of seeds.
+    """
+
+    x: list[float]
+    mean: list[float]
+    se: list[float]
+    seeds: int
+
+
+def algorithm_styles(labels: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """A (colour, marker) per label, assigned in sorted label order.
+
+    Args:
+        labels: algorithm labels.
+
+    Returns:
+        ``{label: (colour, marker)}``.
+    """
+    ordered = sorted(set(labels))
+    return {
+        label: (_PALETTE[i % len(_PALETTE)], _MARKERS[i % len(_MARKERS)])
+        for i, label in enumerate(ordered)
+    }
+
+
+def metric_axis(metric: str) -> tuple[str, float]:
+    """Axis label and scale for ``metric``: accuracies are shown in percent.
+
+    Args:
+        metric: a metric key such as ``"global/accuracy"``.
+
+    Returns:
+        ``(label, scale)``; plotted values are ``value * scale``.
+    """
+    name = _LABELS.get(metric, metric)
+    if metric.endswith("accuracy") or metric.endswith("accuracy_weighted"):
+        return f"{name} (%)", 100.0
+    return name, 1.0
+
+
+def seed_curve(tables: Sequence[pl.DataFrame], metric: str, x: str) -> Curve:
+    """Align several seeds' rounds tables on ``round`` and reduce them to mean and SE.
+
+    Args:
+        tables: one rounds table per seed.
+        metric: the y column.
+        x: the x column (``"round"`` or ``"comm/cum_gib"``).
+
+    Returns:
+        The :class:`Curve` (empty when no seed measured ``metric``).
+    """
+    parts = [
+        t.select(pl.col("round").cast(pl.Int32), pl.col(x).cast(pl.Float64).alias("_x"), metric)
+        .with_columns(pl.col(metric).cast(pl.Float64).fill_nan(None))
+        .drop_nulls()
+        .with_columns(pl.lit(i).alias("_seed"))
+        for i, t in enumerate(tables)
+        if metric in t.columns and x in t.columns
+    ]
+    if not parts:
+        return Curve([], [], [], len(tables))
+    stats = (
+        pl.concat(parts)
+        .group_by("round")
+        .agg(
+            pl.col("_x").mean().alias("x"),
+            pl.col(metric).mean().alias("mean"),
+            (pl.col(metric).std(ddof=1) / pl.len().sqrt()).fill_null(0.0).alias("se"),
+            pl.len().alias("count"),
+        )
+        .sort("round")
+    )
+    complete = stats.filter(pl.col("count") == len(parts))
+    kept = complete if complete.height else stats
+    return Curve(kept["x"].to_list(), kept["mean"].to_list(), kept["se"].to_list(), len(tables))
+
+
+def _draw_curve(ax: Axes, curve: Curve, label: str, style: tuple[str, str], scale: float) -> None:
+    """Draw a mean line (with sparse markers) and, for several seeds, its ±SE band."""
+    colour, marker = style
+    mean = [m * scale for m in curve.mean]
+    seeds = f"{curve.seeds} seeds" if curve.seeds > 1 else "1 seed"
+    every = max(1, math.ceil(len(mean) / _MAX_MARKERS))
+    ax.plot(
+        curve.x,
+        mean,
+        color=colour,
+        marker=marker,
+        markevery=every,
+        markersize=5,
+        linewidth=1.8,
+        label=f"{label} ({seeds})",
+    )
+    if curve.seeds > 1:
+        low = [(m - s) * scale for m, s in zip(curve.mean, curve.se, strict=True)]
+        high = [(m + s) * scale for m, s in zip(curve.mean, curve.se, strict=True)]
+        ax.fill_between(curve.x, low, high, color=colour, alpha=0.18, linewidth=0)
+
+
+def _wide_span(xs: Sequence[float]) -> bool:
+    """True when the positive values of ``xs`` span more than two decades."""
+    positive = [v for v in xs if v > 0]
+    return bool(positive) and max(positive) / min(positive) > 100.0
+
+
+def save_figure(fig: Figure, path: Path) -> None:
+    """Write ``fig`` as a PNG to ``path`` through a temporary file and an atomic rename.
+
+    Args:
+        fig: the figure.
+        path: destination; parent directories are created.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=150)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plot(
+    runs: Mapping[str, Sequence[pl.DataFrame]],
+    path: Path,
+    *,
+    metric: str,
+    x: str,
+    xlabel: str,
+    title: str,
+) -> None:
+    """Shared body of the public plot functions: one curve per algorithm against ``x``."""
+    ylabel, scale = metric_axis(metric)
+    styles = algorithm_styles(list(runs))
+    fig = Figure(figsize=(7.5, 4.8), layout="tight")
+    ax = fig.subplots()
+    all_x: list[float] = []
+    for label in sorted(runs):
+        curve = seed_curve(runs[label], metric, x)
+        if curve.x:
+            _draw_curve(ax, curve, label, styles[label], scale)
+            all_x.extend(curve.x)
+    if not all_x:
+        ax.text(0.5, 0.5, f"no {metric} measured", ha="center", va="center", transform=ax.transAxes)
+    elif x == GIB_COLUMN and _wide_span(all_x):
+        ax.set_xscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, which="major", alpha=0.35)
+    ax.grid(True, which="minor", alpha=0.12)
+    if all_x:
+        ax.legend(loc="best", fontsize="small", framealpha=0.9)
+    save_figure(fig, path)
+
+
+def plot_accuracy_vs_gib(
+    runs: Mapping[str, Sequence[pl.DataFrame]],
+    path: Path,
+    *,
+    metric: str = "global/accuracy",
+    title: str | None = None,
+) -> None:
+    """Plot ``metric`` against cumulative communication (``comm/cum_gib``, up + down).
+
+    Args:
+        runs: algorithm label -> rounds tables of its seeds.
+        path: PNG destination.
+        metric: the y column.
+        title: figure title (a default names the metric).
+    """
+    name = metric_axis(metric)[0].removesuffix(" (%)")
+    _plot(
+        runs,
+        path,
+        metric=metric,
+        x=GIB_COLUMN,
+        xlabel="Cumulative communication, up + down (GiB)",
+        title=title or f"{name} vs communication",
+    )
+
+
+def plot_accuracy_vs_round(
+    runs: Mapping[str, Sequence[pl.DataFrame]],
+    path: Path,
+    *,
+    metric: str = "global/accuracy",
+    title: str | None = None,
+) -> None:
+    """Plot ``metric`` against the communication round.
+
+    Args:
+        runs: algorithm label -> rounds tables of its seeds.
+        path: PNG destination.
+        metric: the y column.
+        title: figure title (a default names the metric).
+    """
+    name = metric_axis(metric)[0].removesuffix(" (%)")
+    _plot(
+        runs,
+        path,
+        metric=metric,
+        x="round",
+        xlabel="Round",
+        title=title or f"{name} vs round",
+    )

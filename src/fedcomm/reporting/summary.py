@@ -1,0 +1,191 @@
+"""The experiment report: a per-algorithm table (mean ± SE over seeds) and the plots, in markdown.
+
+``summary_table`` turns the seeds' run summaries (:func:`fedcomm.evaluation.summarize_run`) into a
+numeric polars table; ``render_markdown`` formats it (accuracies in percent with 2 decimals,
+GiB with 4 significant digits); ``write_report`` writes ``summary.md`` and the PNGs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+from fedcomm.evaluation.summaries import aggregate_seeds
+from fedcomm.reporting.plots import plot_accuracy_vs_gib, plot_accuracy_vs_round
+
+Kind = Literal["percent", "gib"]
+
+# column stem, path in a run summary, header, formatting kind
+COLUMNS: tuple[tuple[str, tuple[str, str], str, Kind], ...] = (
+    ("final_global_acc", ("final", "global/accuracy"), "Final global acc (%)", "percent"),
+    ("best_global_acc", ("best", "global/accuracy"), "Best global acc (%)", "percent"),
+    ("final_local_acc", ("final", "local/accuracy"), "Final local acc (%)", "percent"),
+    ("best_local_acc", ("best", "local/accuracy"), "Best local acc (%)", "percent"),
+    ("up_gib", ("final", "comm/up_gib"), "Up (GiB)", "gib"),
+    ("down_gib", ("final", "comm/down_gib"), "Down (GiB)", "gib"),
+    ("total_gib", ("final", "comm/cum_gib"), "Total (GiB)", "gib"),
+    ("sparsity", ("final", "model/sparsity"), "Sparsity (%)", "percent"),
+)
+PLOTS = (
+    ("global_accuracy_vs_gib.png", "Global accuracy vs communication"),
+    ("local_accuracy_vs_gib.png", "Local accuracy vs communication"),
+    ("accuracy_vs_round.png", "Global accuracy vs round"),
+)
+
+
+def _leaf(aggregated: Mapping[str, Any], path: tuple[str, str]) -> Mapping[str, Any]:
+    """The ``{"mean", "se", "n"}`` leaf at ``path`` of an aggregated summary (nulls if absent)."""
+    node = aggregated.get(path[0], {}).get(path[1])
+    return node if isinstance(node, Mapping) else {"mean": None, "se": None}
+
+
+def summary_table(per_algorithm: Mapping[str, Sequence[Mapping[str, Any]]]) -> pl.DataFrame:
+    """One row per algorithm: mean and standard error over seeds of the headline numbers.
+
+    Args:
+        per_algorithm: algorithm label -> run summaries of its seeds.
+
+    Returns:
+        Columns ``algorithm``, ``seeds`` and, for each stem in :data:`COLUMNS`,
+        ``<stem>_mean`` and ``<stem>_se`` (Float64, fractions and GiB; null when unmeasured).
+    """
+    rows: list[dict[str, Any]] = []
+    for algorithm, summaries in per_algorithm.items():
+        aggregated = aggregate_seeds(summaries)
+        row: dict[str, Any] = {"algorithm": algorithm, "seeds": len(summaries)}
+        for stem, path, _, _ in COLUMNS:
+            leaf = _leaf(aggregated, path)
+            row[f"{stem}_mean"], row[f"{stem}_se"] = leaf["mean"], leaf["se"]
+        rows.append(row)
+    schema: dict[str, Any] = {"algorithm": pl.String, "seeds": pl.Int64}
+    for stem, *_ in COLUMNS:
+        schema |= {f"{stem}_mean": pl.Float64, f"{stem}_se": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def format_value(mean: float | None, se: float | None, kind: Kind, *, seeds: int) -> str:
+    """``"mean ± se"``: percent with 2 decimals or GiB with 4 significant digits.
+
+    The ``± se`` part is left out for a single seed; a missing mean gives ``"–"``.
+
+    Args:
+        mean: the mean (a fraction for ``"percent"``).
+        se: its standard error.
+        kind: ``"percent"`` or ``"gib"``.
+        seeds: number of seeds.
+
+    Returns:
+        The formatted cell.
+    """
+    if mean is None:
+        return "–"
+
+    def fmt(v: float) -> str:
+        return f"{100 * v:.2f}" if kind == "percent" else f"{v:#.4g}".rstrip(".")
+
+    if seeds < 2 or se is None:
+        return fmt(mean)
+    return f"{fmt(mean)} ± {fmt(se)}"
+
+
+def _markdown_table(table: pl.DataFrame) -> list[str]:
+    """The results table as markdown lines."""
+    headers = ["Algorithm", "Seeds", *(header for _, _, header, _ in COLUMNS)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * 2 + "---:|" * len(COLUMNS)]
+    for row in table.iter_rows(named=True):
+        cells = [f"`{row['algorithm']}`", str(row["seeds"])]
+        cells += [
+            format_value(row[f"{stem}_mean"], row[f"{stem}_se"], kind, seeds=row["seeds"])
+            for stem, _, _, kind in COLUMNS
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(
+    table: pl.DataFrame,
+    *,
+    title: str,
+    plots: Sequence[tuple[str, str]],
+    notes: Sequence[str] = (),
+) -> str:
+    """A markdown report: title, the results table, the plot images, then notes.
+
+    Args:
+        table: output of :func:`summary_table`.
+        title: report title.
+        plots: ``(caption, relative path)`` per image.
+        notes: free-text bullet points.
+
+    Returns:
+        The markdown text (ends with a newline).
+    """
+    lines = [f"# {title}", "", "## Results", ""]
+    lines += ["Mean ± standard error over seeds; final = last measured round.", ""]
+    lines += [*_markdown_table(table), ""]
+    if plots:
+        lines += ["## Plots", ""]
+        for caption, rel in plots:
+            lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
+    if notes:
+        lines += ["## Notes", "", *(f"- {note}" for note in notes), ""]
+    return "\n".join(lines)
+
+
+def write_text_atomic(text: str, path: Path) -> None:
+    """Write ``text`` to ``path`` through a temporary file and an atomic rename.
+
+    Args:
+        text: the content (UTF-8).
+        path: destination; parent directories are created.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(
+    out_dir: Path,
+    per_algorithm_rounds: Mapping[str, Sequence[pl.DataFrame]],
+    per_algorithm_summaries: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    title: str,
+    notes: Sequence[str] = (),
+) -> list[Path]:
+    """Write ``summary.md`` and ``plots/*.png`` under ``out_dir``.
+
+    Args:
+        out_dir: report directory.
+        per_algorithm_rounds: algorithm -> rounds tables of its seeds (for the curves).
+        per_algorithm_summaries: algorithm -> run summaries of its seeds (for the table).
+        title: report title.
+        notes: extra bullet points at the end of the markdown.
+
+    Returns:
+        The written paths: the three plots, then ``summary.md``.
+    """
+    plot_dir = out_dir / "plots"
+    gib_global, gib_local, by_round = (plot_dir / name for name, _ in PLOTS)
+    plot_accuracy_vs_gib(per_algorithm_rounds, gib_global, metric="global/accuracy")
+    plot_accuracy_vs_gib(per_algorithm_rounds, gib_local, metric="local/accuracy")
+    plot_accuracy_vs_round(per_algorithm_rounds, by_round, metric="global/accuracy")
+    markdown = render_markdown(
+        summary_table(per_algorithm_summaries),
+        title=title,
+        plots=[(caption, f"plots/{name}") for name, caption in PLOTS],
+        notes=notes,
+    )
+    summary = out_dir / "summary.md"
+    write_text_atomic(markdown, summary)
+    return [gib_global, gib_local, by_round, summary]
