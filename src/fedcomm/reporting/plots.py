@@ -11,7 +11,6 @@ through a temporary file and an atomic rename.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -38,13 +37,13 @@ _PALETTE = (
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 _LABELS = {
     "global/accuracy": "Global accuracy",
-    "local/accuracy": "Local accuracy (clients' own models)",
-    "local/accuracy_weighted": "Local accuracy, weighted by test size",
+    "local/accuracy": "Local accuracy",
+    "local/accuracy_weighted": "Weighted local accuracy",
     "topk/accuracy": "Top-k accuracy",
     "global/loss": "Global test loss",
     "train/loss": "Training loss",
 }
-_MAX_MARKERS = 8  # per line
+_MARKER_SPACING = 0.1  # markers every 10% of the axes diagonal (even on log axes)
 
 
 @dataclass(frozen=True)
@@ -137,13 +136,12 @@ def _draw_curve(ax: Axes, curve: Curve, label: str, style: tuple[str, str], scal
     colour, marker = style
     mean = [m * scale for m in curve.mean]
     seeds = f"{curve.seeds} seeds" if curve.seeds > 1 else "1 seed"
-    every = max(1, math.ceil(len(mean) / _MAX_MARKERS))
     ax.plot(
         curve.x,
         mean,
         color=colour,
         marker=marker,
-        markevery=every,
+        markevery=_MARKER_SPACING,
         markersize=5,
         linewidth=1.8,
         label=f"{label} ({seeds})",
@@ -172,6 +170,7 @@ def save_figure(fig: Figure, path: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fig.savefig(fh, format="png", dpi=150)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
