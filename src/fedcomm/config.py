@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -56,8 +57,12 @@ class Ptb(Strict):
     seq_len: int = Field(35, ge=1)
 
 
-class Cifar(Strict):
-    name: Literal["cifar10", "cifar100"]
+class Cifar10(Strict):
+    name: Literal["cifar10"] = "cifar10"
+
+
+class Cifar100(Strict):
+    name: Literal["cifar100"] = "cifar100"
     label: Literal["fine", "coarse"] = "fine"
 
 
@@ -74,7 +79,8 @@ class Synthetic(Strict):
 
 
 DatasetConfig = Annotated[
-    Digits | Mnist | Femnist | Shakespeare | Ptb | Cifar | Synthetic, Field(discriminator="name")
+    Digits | Mnist | Femnist | Shakespeare | Ptb | Cifar10 | Cifar100 | Synthetic,
+    Field(discriminator="name"),
 ]
 
 
@@ -302,6 +308,12 @@ class Params(Strict):
             raise ValueError(f"experiment.runs has duplicates: {runs}")
         if len(set(self.experiment.seeds)) != len(self.experiment.seeds):
             raise ValueError(f"experiment.seeds has duplicates: {self.experiment.seeds}")
+        k = self.partition.num_partitions
+        if k is not None and self.train.clients_per_round > k:
+            raise ValueError(
+                f"train.clients_per_round={self.train.clients_per_round} exceeds "
+                f"partition.num_partitions={k} (allowed: 1..{k})"
+            )
         return self
 
     def algorithm(self, run: str) -> AlgorithmConfig:
@@ -318,21 +330,32 @@ class ConfigError(ValueError):
 
 
 def format_errors(err: ValidationError, source: str, raw: Any = None) -> str:
-    """One line per problem: ``key.path: what is wrong (got value)``."""
+    """One line per problem: ``key.path: what is wrong (got value; allowed ...)``."""
     lines = [f"{source}: {err.error_count()} invalid value(s):"]
     for e in err.errors():
-        loc = ".".join(_clean_location(e["loc"], raw))
+        parts = _clean_location(e["loc"], raw)
         value = e.get("input")
+        allowed = ""
+        if e["type"] == "union_tag_invalid":
+            key = str(e.get("ctx", {}).get("discriminator", "")).strip("'")
+            parts.append(key)
+            value = value.get(key) if isinstance(value, dict) else value
+        elif e["type"] == "extra_forbidden":
+            model = _model_at(parts[:-1], raw)
+            if model is not None:
+                allowed = f"; allowed keys: {', '.join(sorted(model.model_fields))}"
         if e["type"] == "missing":
             shown = "<missing>"
         elif isinstance(value, dict):
             tag = {k: value[k] for k in ("name", "kind") if k in value}
-            shown = (
-                f"a mapping with {tag}" if tag else f"a mapping with keys {sorted(map(str, value))}"
-            )
+            shown = f"a mapping with {tag}" if tag else f"a mapping with keys {sorted(map(str, value))}"
         else:
             shown = repr(value)
-        lines.append(f"  - {loc or '<root>'}: {e['msg']} (got {shown})")
+        loc = ".".join(parts) or "<top level>"
+        if e["type"] == "value_error" and isinstance(value, dict):  # a cross-field check
+            lines.append(f"  - {loc}: {e['msg'].removeprefix('Value error, ')}")
+        else:
+            lines.append(f"  - {loc}: {e['msg']} (got {shown}{allowed})")
     return "\n".join(lines)
 
 
@@ -341,20 +364,56 @@ def _clean_location(loc: tuple[int | str, ...], raw: Any) -> list[str]:
     parts: list[str] = []
     node = raw
     for part in loc:
-        if (
-            isinstance(node, dict)
-            and part not in node
-            and part in (node.get("name"), node.get("kind"))
-        ):
+        tags = (node.get("name"), node.get("kind")) if isinstance(node, dict) else ()
+        if isinstance(node, dict) and part not in node and part in tags:
             continue  # a union tag, not a key of the input
         parts.append(str(part))
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        else:
-            node = None
+        node = _child(node, part)
     return parts
+
+
+def _child(node: Any, part: int | str) -> Any:
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and str(part).isdigit() and int(part) < len(node):
+        return node[int(part)]
+    return None
+
+
+def _model_at(path: list[str], raw: Any) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at ``path`` of the raw params."""
+    tp: Any = Params
+    node = raw
+    for part in path:
+        tp = _concrete(tp, node)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            if part not in tp.model_fields:
+                return None
+            tp = tp.model_fields[part].annotation
+        elif get_origin(tp) in (dict, list):
+            tp = get_args(tp)[-1]
+        else:
+            return None
+        node = _child(node, part)
+    tp = _concrete(tp, node)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _concrete(tp: Any, node: Any) -> Any:
+    """Strip ``Annotated``/``Optional``; pick a union member by the input's name/kind tag."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if get_origin(tp) in (Union, UnionType):
+        members = [m for m in get_args(tp) if m is not type(None)]
+        tag = node.get("name", node.get("kind")) if isinstance(node, dict) else None
+        for m in members:
+            m = _concrete(m, node)
+            if isinstance(m, type) and issubclass(m, BaseModel):
+                key = "name" if "name" in m.model_fields else "kind"
+                if key in m.model_fields and tag in get_args(m.model_fields[key].annotation):
+                    return m
+        return members[0] if len(members) == 1 else None
+    return tp
 
 
 def validate_params(raw: Mapping[str, Any], source: str = "params") -> Params:

@@ -35,20 +35,22 @@ def test_tiny_params_validate() -> None:
     [
         ({"train.local.lr": -1.0}, "train.local.lr: Input should be greater than 0 (got -1.0)"),
         ({"train.rounds": 0}, "train.rounds"),
-        ({"train.lr": 0.1}, "train.lr: Extra inputs are not permitted (got 0.1)"),
+        ({"train.lr": 0.1}, "train.lr: Extra inputs are not permitted (got 0.1; allowed keys: "),
+        ({"train.clients_per_round": 9}, "train.clients_per_round=9 exceeds partition.num_partitions=8"),
+        ({"data.dataset": {"name": "cifar10", "label": "fine"}}, "allowed keys: name"),
         ({"partition.alpha": -0.5}, "alpha must be > 0"),
-        ({"partition.kind": "random"}, "partition: Input tag 'random' found using 'kind'"),
+        ({"partition.kind": "random"}, "partition.kind: Input tag 'random' found using 'kind'"),
         (
             {"algorithms.fedprox.mu": -1},
             "algorithms.fedprox.mu: Input should be greater than or equal to 0 (got -1)",
         ),
-        ({"algorithms.fedavg.name": "fedsgd"}, "algorithms.fedavg: Input tag 'fedsgd'"),
+        ({"algorithms.fedavg.name": "fedsgd"}, "algorithms.fedavg.name: Input tag 'fedsgd'"),
         (
             {"algorithms.fedavg.server": {"optimizer": "rmsprop"}},
             "algorithms.fedavg.server.optimizer",
         ),
-        ({"model.name": "vit"}, "model: Input tag 'vit'"),
-        ({"data.dataset": {"name": "imagenet"}}, "data.dataset: Input tag 'imagenet'"),
+        ({"model.name": "vit"}, "model.name: Input tag 'vit'"),
+        ({"data.dataset": {"name": "imagenet"}}, "data.dataset.name: Input tag 'imagenet'"),
         (
             {"experiment.runs": ["fedavg", "nope"]},
             "experiment.runs[1]='nope' is not a key of algorithms",
@@ -60,6 +62,13 @@ def test_tiny_params_validate() -> None:
 )
 def test_bad_values_are_named(override: dict[str, object], fragment: str) -> None:
     assert fragment in _error(**override)
+
+
+def test_unknown_keys_list_the_allowed_ones() -> None:
+    msg = _error(**{"algorithms.fedprox.server.beta3": 0.5, "partition.alpha_": 1})
+    assert "algorithms.fedprox.server.beta3: Extra inputs are not permitted (got 0.5; " in msg
+    assert "allowed keys: beta1, beta2, bias_correction, eps, lr, momentum" in msg
+    assert "partition.alpha_" in msg and "allowed keys: alpha, kind, max_retries" in msg
 
 
 def test_every_problem_is_listed_at_once() -> None:
@@ -127,3 +136,19 @@ def test_dataset_configs_cover_the_dataset_registry() -> None:
         for n in typing.get_args(cls.model_fields["name"].annotation)
     }
     assert names == set(DATASETS)
+
+
+def test_dataset_config_defaults_are_accepted_by_the_loaders(tmp_path: Path) -> None:
+    """Every option a dataset config passes is one its loader accepts (with its defaults)."""
+    import typing
+
+    from fedcomm import config
+    from fedcomm.data.datasets import DatasetNotFoundError, load_dataset
+
+    for cls in typing.get_args(typing.get_args(config.DatasetConfig)[0]):
+        for name in typing.get_args(cls.model_fields["name"].annotation):
+            cfg = config.DataConfig(dataset={"name": name})  # type: ignore[arg-type]
+            try:
+                load_dataset(name, tmp_path, **cfg.options())
+            except DatasetNotFoundError:
+                pass  # options accepted; the files are simply not in an empty root

@@ -33,8 +33,12 @@ if TYPE_CHECKING:
 
 LossHook = Callable[[Mapping[str, Tensor], Tensor], Tensor]
 GradHook = Callable[[Mapping[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
-PostStep = Callable[[dict[str, Tensor]], None]
+PostStep = Callable[[dict[str, Tensor]], dict[str, Tensor]]  # params -> projected params
 GradHookFactory = Callable[[Mapping[str, Tensor]], GradHook]  # anchor (w_t) -> hook
+StepFn = Callable[
+    [dict[str, Tensor], dict[str, Tensor], Mapping[str, Tensor], Tensor, Tensor],
+    tuple[dict[str, Tensor], dict[str, Tensor], Tensor],
+]
 
 
 class LocalConfig(BaseModel):
@@ -99,6 +103,104 @@ def batch_schedule(n: int, cfg: LocalConfig, generator: torch.Generator) -> list
     return batches if cfg.steps is None else batches[: cfg.steps]
 
 
+def make_step(
+    model: nn.Module,
+    cfg: LocalConfig,
+    *,
+    loss_hook: LossHook | None = None,
+    grad_hook: GradHook | None = None,
+    post_step: PostStep | None = None,
+    functional: bool = True,
+) -> StepFn:
+    """One SGD step ``(live, bufs, frozen, xb, yb) -> (live, bufs, data loss)``.
+
+    ``live`` are the trained parameters, ``bufs`` their momentum buffers (empty without
+    momentum), ``frozen`` parameters used but not trained.
+
+    ``functional=True`` (the form a vectorized backend ``torch.func.vmap``-s over clients):
+    gradients from :func:`torch.func.grad`, every update returns new tensors, nothing leaves the
+    tensor world. ``functional=False`` (the sequential backend): the same objective, hooks and
+    update rule with eager autograd and in-place ``_foreach`` updates of ``live``/``bufs``, which
+    the caller must own (about 2x faster per step on small models). Tests check both agree.
+    """
+
+    def objective(
+        live: dict[str, Tensor], frozen: Mapping[str, Tensor], xb: Tensor, yb: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        full = {**frozen, **live}
+        loss = cross_entropy(functional_call(model, full, (xb,)), yb)
+        total = loss if loss_hook is None else loss_hook(full, loss)
+        return total, loss
+
+    def eager_grad(
+        live: dict[str, Tensor], frozen: Mapping[str, Tensor], xb: Tensor, yb: Tensor
+    ) -> tuple[dict[str, Tensor], Tensor]:
+        leaves = {k: v.detach().requires_grad_(True) for k, v in live.items()}
+        total, loss = objective(leaves, frozen, xb, yb)
+        grads = torch.autograd.grad(total, list(leaves.values()))
+        return dict(zip(leaves, grads, strict=True)), loss
+
+    func_grad = torch.func.grad(objective, has_aux=True) if functional else None
+
+    def step(
+        live: dict[str, Tensor],
+        bufs: dict[str, Tensor],
+        frozen: Mapping[str, Tensor],
+        xb: Tensor,
+        yb: Tensor,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+        grads, loss = (func_grad if functional else eager_grad)(live, frozen, xb, yb)  # type: ignore[operator]
+        if grad_hook is not None:
+            grads = grad_hook({**frozen, **live}, grads)
+        update = _update if functional else _update_inplace
+        live, bufs = update(live, grads, bufs, cfg)
+        if post_step is not None:
+            live = post_step(live)
+        return live, bufs, loss.detach()
+
+    return step
+
+
+def _clipped(grads: dict[str, Tensor], cfg: LocalConfig) -> dict[str, Tensor]:
+    if cfg.clip_grad_norm is None:
+        return grads
+    norms = torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])
+    factor = torch.clamp(cfg.clip_grad_norm / (torch.linalg.vector_norm(norms) + 1e-6), max=1.0)
+    return {k: g * factor for k, g in grads.items()}
+
+
+def _update(
+    live: dict[str, Tensor], grads: dict[str, Tensor], bufs: dict[str, Tensor], cfg: LocalConfig
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``g ← clip(g) + wd·w; b ← μb + g; w ← w − lr·b`` (torch.optim.SGD), out of place."""
+    grads = _clipped(grads, cfg)
+    if cfg.weight_decay:
+        grads = {k: g + cfg.weight_decay * live[k] for k, g in grads.items()}
+    if cfg.momentum > 0:
+        bufs = {k: cfg.momentum * bufs[k] + g for k, g in grads.items()}
+        grads = bufs
+    return {k: w - cfg.lr * grads[k] for k, w in live.items()}, bufs
+
+
+@torch.no_grad()
+def _update_inplace(
+    live: dict[str, Tensor], grads: dict[str, Tensor], bufs: dict[str, Tensor], cfg: LocalConfig
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The same rule as :func:`_update`, in place on ``live`` and ``bufs``."""
+    grads = _clipped(grads, cfg)
+    names = list(live)
+    ws, gs = [live[k] for k in names], [grads[k] for k in names]
+    if cfg.weight_decay:
+        gs = list(torch._foreach_add(gs, ws, alpha=cfg.weight_decay))
+    if cfg.momentum > 0:
+        bs = [bufs[k] for k in names]
+        torch._foreach_mul_(bs, cfg.momentum)
+        torch._foreach_add_(bs, gs)
+        gs = bs
+    torch._foreach_add_(ws, gs, alpha=-cfg.lr)
+    return live, bufs
+
+
 def local_sgd(
     model: nn.Module,
     params: Mapping[str, Tensor],
@@ -114,44 +216,22 @@ def local_sgd(
     """Run local SGD from ``params`` on ``data``; returns new detached params and the mean loss.
 
     ``trainable`` may freeze parameters by name (they are still used in the forward pass).
+    The steps are :func:`make_step` over the batches of :func:`batch_schedule`.
     """
-    names = [k for k in params if trainable is None or trainable.get(k, True)]
-    frozen = {k: v.detach() for k, v in params.items() if k not in names}
-    live = {k: params[k].detach().clone().requires_grad_(True) for k in names}
+    step = make_step(
+        model, cfg, loss_hook=loss_hook, grad_hook=grad_hook, post_step=post_step, functional=False
+    )
+    frozen = {
+        k: v.detach()
+        for k, v in params.items()
+        if trainable is not None and not trainable.get(k, True)
+    }
+    live = {k: v.detach().clone() for k, v in params.items() if k not in frozen}  # ours to update
     bufs = {k: torch.zeros_like(v) for k, v in live.items()} if cfg.momentum > 0 else {}
     losses: list[Tensor] = []
     for idx in batch_schedule(data.num_examples, cfg, generator):
-        full = {**frozen, **live}
-        loss = cross_entropy(functional_call(model, full, (data.x[idx],)), data.y[idx])
-        total = loss if loss_hook is None else loss_hook(full, loss)
-        grads = dict(zip(names, torch.autograd.grad(total, [live[k] for k in names]), strict=True))
-        if grad_hook is not None:
-            grads = grad_hook(full, grads)
-        _sgd_step(live, grads, bufs, cfg)
-        if post_step is not None:
-            with torch.no_grad():
-                post_step(live)
-        losses.append(loss.detach())
+        live, bufs, loss = step(live, bufs, frozen, data.x[idx], data.y[idx])
+        losses.append(loss)
     mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
-    out = {k: (live[k].detach() if k in live else frozen[k]) for k in params}
+    out = {k: (live[k] if k in live else frozen[k]) for k in params}
     return LocalResult(out, mean_loss, len(losses))
-
-
-@torch.no_grad()
-def _sgd_step(
-    live: dict[str, Tensor], grads: dict[str, Tensor], bufs: dict[str, Tensor], cfg: LocalConfig
-) -> None:
-    if cfg.clip_grad_norm is not None:
-        norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])
-        )
-        factor = min(1.0, cfg.clip_grad_norm / (float(norm) + 1e-6))
-        grads = {k: g * factor for k, g in grads.items()}
-    for k, w in live.items():
-        g = grads[k]
-        if cfg.weight_decay:
-            g = g.add(w, alpha=cfg.weight_decay)
-        if cfg.momentum > 0:
-            bufs[k].mul_(cfg.momentum).add_(g)
-            g = bufs[k]
-        w.sub_(g, alpha=cfg.lr)
