@@ -140,7 +140,9 @@ def make_step(
         grads = torch.autograd.grad(total, list(leaves.values()))
         return dict(zip(leaves, grads, strict=True)), loss
 
-    func_grad = torch.func.grad(objective, has_aux=True) if functional else None
+    grad_fn: Callable[..., tuple[dict[str, Tensor], Tensor]] = (
+        torch.func.grad(objective, has_aux=True) if functional else eager_grad
+    )
 
     def step(
         live: dict[str, Tensor],
@@ -149,7 +151,7 @@ def make_step(
         xb: Tensor,
         yb: Tensor,
     ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
-        grads, loss = (func_grad if functional else eager_grad)(live, frozen, xb, yb)  # type: ignore[operator]
+        grads, loss = grad_fn(live, frozen, xb, yb)
         if grad_hook is not None:
             grads = grad_hook({**frozen, **live}, grads)
         update = _update if functional else _update_inplace
