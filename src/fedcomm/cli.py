@@ -6,6 +6,8 @@ any work, and calls one library function of :mod:`fedcomm.experiment`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -20,12 +22,24 @@ app.add_typer(config_app, name="config")
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params YAML file")]
 
 
-def _load(path: Path) -> Params:
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Bad input (params, missing or stale data, impossible partitions) -> one clear message on
+    stderr and exit status 2, instead of a traceback. Bugs still raise."""
+    from fedcomm.data.datasets import DatasetNotFoundError
+    from fedcomm.data.federated import StalePartitionError
+    from fedcomm.data.partitioners import PartitionError
+
     try:
-        return load_params(path)
-    except ConfigError as err:
-        typer.echo(str(err), err=True)
+        yield
+    except (ConfigError, DatasetNotFoundError, StalePartitionError, PartitionError) as err:
+        typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+
+
+def _load(path: Path) -> Params:
+    with user_errors():
+        return load_params(path)
 
 
 @config_app.command("validate")
@@ -51,13 +65,15 @@ def partition(params: ParamsOpt = Path("params.yaml")) -> None:
     """Partition the dataset over clients (writes data/partition/)."""
     from fedcomm.experiment import partition_stage
 
-    typer.echo(f"partition {partition_stage(_load(params))[:12]}")
+    p = _load(params)
+    with user_errors():
+        typer.echo(f"partition {partition_stage(p)[:12]}")
 
 
 @app.command()
 def train(
     run: Annotated[str, typer.Option(help="key of `algorithms` to train")],
-    seed: Annotated[int, typer.Option(help="seed (one of train.seeds or any)")] = 0,
+    seed: Annotated[int, typer.Option(help="seed (usually one of experiment.seeds)")] = 0,
     params: ParamsOpt = Path("params.yaml"),
     resume: Annotated[bool, typer.Option(help="continue from a matching checkpoint")] = True,
 ) -> None:
@@ -65,8 +81,8 @@ def train(
     from fedcomm.experiment import train_stage
 
     p = _load(params)
-    p.algorithm(run)
-    typer.echo(f"wrote {train_stage(p, run, seed, resume=resume)}")
+    with user_errors():
+        typer.echo(f"wrote {train_stage(p, run, seed, resume=resume)}")
 
 
 @app.command("evaluate")
@@ -78,7 +94,9 @@ def evaluate_cmd(
     """Summaries and per-client evaluation of a trained run (runs/<run>-s<seed>/metrics.json)."""
     from fedcomm.experiment import evaluate_stage
 
-    s = evaluate_stage(_load(params), run, seed)
+    p = _load(params)
+    with user_errors():
+        s = evaluate_stage(p, run, seed)
     typer.echo(f"final global accuracy {s['final'].get('global/accuracy')}")
 
 
@@ -87,8 +105,10 @@ def summarize(params: ParamsOpt = Path("params.yaml")) -> None:
     """Tables and plots over every run and seed (reports/)."""
     from fedcomm.summarize import summarize_stage
 
-    for path in summarize_stage(_load(params)):
-        typer.echo(f"wrote {path}")
+    p = _load(params)
+    with user_errors():
+        for path in summarize_stage(p):
+            typer.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -348,7 +348,9 @@ def format_errors(err: ValidationError, source: str, raw: Any = None) -> str:
             shown = "<missing>"
         elif isinstance(value, dict):
             tag = {k: value[k] for k in ("name", "kind") if k in value}
-            shown = f"a mapping with {tag}" if tag else f"a mapping with keys {sorted(map(str, value))}"
+            shown = (
+                f"a mapping with {tag}" if tag else f"a mapping with keys {sorted(map(str, value))}"
+            )
         else:
             shown = repr(value)
         loc = ".".join(parts) or "<top level>"

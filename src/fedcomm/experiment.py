@@ -24,7 +24,7 @@ from fedcomm import __version__
 from fedcomm.algorithms import build_algorithm
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.ledger import write_parquet_atomic
-from fedcomm.config import Params, model_options
+from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets import load_dataset
 from fedcomm.data.federated import (
     PartitionSpec,
@@ -105,6 +105,20 @@ def _git_sha() -> str:
         return "unknown"
 
 
+def _git_dirty() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return "true" if out.stdout.strip() else "false"
+
+
 def resolved_run_config(params: Params, run: str, seed: int, phash: str) -> dict[str, Any]:
     """Everything that determines a training run's numbers (its identity and MLflow params)."""
     return {
@@ -153,36 +167,33 @@ def train_stage(
     resume: bool = True,
     show_progress: bool | None = None,
 ) -> Path:
-    """Train one (algorithm run, seed); writes ``runs/<run>-s<seed>/``. Resumes if possible."""
+    """Train one (algorithm run, seed); writes ``runs/<run>-s<seed>/train/``. Resumes if possible.
+
+    Everything that can fail on bad input (the partition, the model on the data, the algorithm)
+    is built and checked *before* an MLflow run is opened, so a bad configuration leaves no run.
+    """
+    if seed < 0:
+        raise ConfigError(f"seed: must be >= 0 (got {seed})")
+    params.algorithm(run)
     data, phash = load_federated(params, paths)
+    _check_fits(params, data)
     config = resolved_run_config(params, run, seed, phash)
-    chash = config_hash(config)
+    chash = config_hash({**config, "code": code_fingerprint()})
+    model = _check_model(params, data, seed)
+    algorithm = build_algorithm(params.algorithm(run))
+    compressor = build_compressor(
+        params.train.compressor.name, **params.train.compressor.model_dump(exclude={"name"})
+    )
     name = run_name(run, seed)
     ckpt = paths.checkpoints / name / "state.pt"
     previous = ckpt_mod.load(ckpt, chash) if resume else None
     tracker = _open_tracker(
         params, run, seed, name, config, phash, previous.run_id if previous else None
     )
-    model = build_run_model(params, data, seed)
-    algorithm = build_algorithm(params.algorithm(run))
-    compressor = build_compressor(
-        params.train.compressor.name, **params.train.compressor.model_dump(exclude={"name"})
-    )
-    t = params.train
-    cfg = loop.LoopConfig(
-        rounds=t.rounds,
-        clients_per_round=t.clients_per_round,
-        local=t.local,
-        seed=seed,
-        eval_every=t.eval_every,
-        eval_batch_size=t.eval_batch_size,
-        topk=t.topk,
-        checkpoint_every=t.checkpoint_every,
-    )
     try:
-        with round_progress(name, t.rounds, enabled=show_progress) as progress:
+        with round_progress(name, params.train.rounds, enabled=show_progress) as progress:
             result = loop.run(
-                cfg,
+                loop_config(params, seed),
                 algorithm,
                 model,
                 data,
@@ -204,6 +215,74 @@ def train_stage(
     return out
 
 
+def loop_config(params: Params, seed: int) -> loop.LoopConfig:
+    t = params.train
+    return loop.LoopConfig(
+        rounds=t.rounds,
+        clients_per_round=t.clients_per_round,
+        local=t.local,
+        seed=seed,
+        eval_every=t.eval_every,
+        eval_batch_size=t.eval_batch_size,
+        topk=t.topk,
+        checkpoint_every=t.checkpoint_every,
+    )
+
+
+def _check_fits(params: Params, data: FederatedTensors) -> None:
+    k = params.train.clients_per_round
+    if k > data.num_clients:
+        raise ConfigError(
+            f"train.clients_per_round: {k} exceeds the partition's {data.num_clients} clients "
+            f"(allowed: 1..{data.num_clients})"
+        )
+    if data.global_test.num_examples == 0:
+        raise ConfigError(
+            "partition.test_fraction: every client's test split is empty, so nothing can be "
+            f"evaluated (got {params.partition.test_fraction}; use a value in (0, 1))"
+        )
+
+
+def _check_model(params: Params, data: FederatedTensors, seed: int) -> torch.nn.Module:
+    """Build the run's model and pass one training example through it: a model that does not fit
+    the data fails here, with a message naming both."""
+    fit = f"(inputs {tuple(data.input_shape)}, {data.num_classes} classes)"
+    try:
+        model = build_run_model(params, data, seed)
+    except ValueError as err:
+        raise ConfigError(
+            f"model: {params.model.name!r} does not fit dataset {params.data.dataset.name!r} "
+            f"{fit}: {err}"
+        ) from None
+    sample = next((d.x[:1] for d in data.train if d.num_examples), None)
+    if sample is None:
+        raise ConfigError("partition: every client's train split is empty")
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except (RuntimeError, ValueError, IndexError) as err:
+        raise ConfigError(
+            f"model: {params.model.name!r} does not fit dataset {params.data.dataset.name!r} "
+            f"{fit}: {err}"
+        ) from None
+    if out.shape[-1] != data.num_classes:
+        raise ConfigError(
+            f"model: {params.model.name!r} outputs {out.shape[-1]} classes, "
+            f"dataset {params.data.dataset.name!r} has {data.num_classes}"
+        )
+    return model
+
+
+def code_fingerprint() -> str:
+    """sha256 of the library's source: a checkpoint never resumes under changed code."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def _open_tracker(
     params: Params,
     run: str,
@@ -215,12 +294,15 @@ def _open_tracker(
 ) -> tracking.MlflowTracker | tracking.NullTracker:
     if not params.tracking.enabled:
         return tracking.NullTracker()
+    algo = params.algorithm(run)
     tags = {
         "git_sha": _git_sha(),
+        "git_dirty": _git_dirty(),
+        "server_optimizer": algo.server.optimizer,
         "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
         "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "partition_hash": phash,
-        "algorithm": params.algorithm(run).name,
+        "algorithm": algo.name,
         "run": run,
         "seed": str(seed),
         "fedcomm_version": __version__,
@@ -281,10 +363,12 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     ledger = pl.read_parquet(trained / "ledger.parquet")
     clients = pl.read_parquet(trained / "clients.parquet")
     ev = params.evaluate
+    server_s = rounds["time/server_s"] if "time/server_s" in rounds.columns else None
     summary = summarize_run(
         rounds,
         ledger,
         clients,
+        server_s=server_s,
         budgets_gib=ev.budgets_gib,
         targets=ev.targets,
         link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),

@@ -157,3 +157,23 @@ def test_fedavg_dense_messages_cost_32_bits_per_parameter(fed: FederatedTensors)
     assert set(frame["payload_bits"].to_list()) == {32 * numel}
     assert set(frame["index_bits"].to_list()) == {0}
     assert np.all(frame["dense_bits"].to_numpy() == frame["payload_bits"].to_numpy())
+
+
+def test_local_accuracy_measures_what_was_uploaded(fed: FederatedTensors) -> None:
+    """With a lossy uplink compressor, local accuracy evaluates the model the server received
+    (here: a compressor that drops the whole update, so the upload is the broadcast model)."""
+    from fedcomm.comm.codecs import Compressor, encode_dense
+    from fedcomm.evaluation.metrics import evaluate
+
+    def drop(payload, state, gen):  # type: ignore[no-untyped-def]
+        return encode_dense({k: torch.zeros_like(v) for k, v in payload.decode().items()}), state
+
+    cfg = loop.LoopConfig(rounds=1, clients_per_round=3, local=LocalConfig(lr=0.5), seed=7)
+    model = _model(fed)
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    alg = build_algorithm(CONFIGS["fedavg"]())
+    res = loop.run(cfg, alg, model, fed, Compressor("drop", lambda: None, drop), config_hash="x")
+    for row in res.state.client_rows:
+        test = fed.test[row["client_id"]]
+        assert row["local_accuracy"] == evaluate(model, init, test.x, test.y).accuracy
+    assert _same(res.final_params, init)  # nothing arrived, nothing moved

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,10 @@ def test_tiny_params_validate() -> None:
         ({"train.local.lr": -1.0}, "train.local.lr: Input should be greater than 0 (got -1.0)"),
         ({"train.rounds": 0}, "train.rounds"),
         ({"train.lr": 0.1}, "train.lr: Extra inputs are not permitted (got 0.1; allowed keys: "),
-        ({"train.clients_per_round": 9}, "train.clients_per_round=9 exceeds partition.num_partitions=8"),
+        (
+            {"train.clients_per_round": 9},
+            "train.clients_per_round=9 exceeds partition.num_partitions=8",
+        ),
         ({"data.dataset": {"name": "cifar10", "label": "fine"}}, "allowed keys: name"),
         ({"partition.alpha": -0.5}, "alpha must be > 0"),
         ({"partition.kind": "random"}, "partition.kind: Input tag 'random' found using 'kind'"),
@@ -148,7 +152,30 @@ def test_dataset_config_defaults_are_accepted_by_the_loaders(tmp_path: Path) -> 
     for cls in typing.get_args(typing.get_args(config.DatasetConfig)[0]):
         for name in typing.get_args(cls.model_fields["name"].annotation):
             cfg = config.DataConfig(dataset={"name": name})  # type: ignore[arg-type]
-            try:
+            with contextlib.suppress(DatasetNotFoundError):  # options accepted, files absent
                 load_dataset(name, tmp_path, **cfg.options())
-            except DatasetNotFoundError:
-                pass  # options accepted; the files are simply not in an empty root
+
+
+def test_bad_input_fails_before_any_mlflow_run(project: Path) -> None:
+    """A model that does not fit the data is caught before a run is opened or trained."""
+    assert CliRunner().invoke(app, ["partition"]).exit_code == 0
+    (project / "params.yaml").write_text(
+        yaml.safe_dump(tiny_params(**{"model": {"name": "cnn"}}))  # 3x32x32 CNN vs 1x8x8 digits
+    )
+    res = CliRunner().invoke(app, ["partition"])
+    res = CliRunner().invoke(app, ["train", "--run", "fedavg"])
+    assert res.exit_code == 2, res.output
+    assert "model: 'cnn' does not fit dataset 'digits'" in res.output
+    assert not (project / "mlflow.db").exists()
+    assert not (project / "runs").exists()
+    res = CliRunner().invoke(app, ["train", "--run", "fedavg", "--seed", "-1"])
+    assert res.exit_code == 2 and "seed: must be >= 0" in res.output
+
+
+def test_missing_dataset_is_one_clear_line(project: Path, tmp_path: Path) -> None:
+    raw = tiny_params(**{"data": {"root": str(tmp_path / "nowhere"), "dataset": {"name": "mnist"}}})
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["partition"])
+    assert res.exit_code == 2
+    assert "error:" in res.output and "train-images-idx3-ubyte" in res.output
+    assert "Traceback" not in res.output

@@ -10,7 +10,9 @@ optax's state discipline), built from its pydantic config by a registered builde
   *decoded* downlink; returns the uplink payload, the new client state and the model the client
   ends the round with (its "last upload" for local accuracy);
 * ``server_update(server_state, uplinks, ctx) -> server_state`` from the decoded uplinks;
-* ``global_params(server_state) -> Params`` the model evaluated globally and saved.
+* ``global_params(server_state) -> Params`` the model evaluated globally and saved;
+* ``uploaded_model(downlink, uplink) -> Params`` (optional) the model a decoded upload stands
+  for, so that local accuracy measures what was actually sent when a compressor is lossy.
 
 The round loop (:mod:`fedcomm.simulation.loop`) owns sampling, encoding, accounting and
 evaluation; algorithms never see the ledger. Adding an algorithm = one module with a ``Config``
@@ -112,6 +114,9 @@ class FedAlgorithm:
     server_update: Callable[[ServerState, Sequence[Uplink], RoundContext], ServerState]
     global_params: Callable[[ServerState], Params]
     server_metrics: Callable[[ServerState], Mapping[str, float]] = lambda s: {}
+    # the model a client's (possibly compressed) upload stands for, from the decoded downlink and
+    # uplink; the loop evaluates it for local accuracy when an uplink compressor changed the payload
+    uploaded_model: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], Params] | None = None
 
 
 C = TypeVar("C", bound=AlgorithmConfig)

@@ -93,6 +93,7 @@ def make(
         client_update=client_update,
         server_update=server_update,
         global_params=lambda s: s.params,
+        uploaded_model=lambda down, up: {k: down[k] + up[k] for k in down},
     )
 
 

@@ -19,8 +19,8 @@ from fedcomm.comm import bits
 from fedcomm.comm.payload import Dense, Payload, Sparse
 
 
-def encode_dense(tensors: Mapping[str, Tensor], value_bits: int = bits.FLOAT_BITS) -> Payload:
-    """Every tensor sent densely."""
+def encode_dense(tensors: Mapping[str, Tensor], value_bits: int | None = None) -> Payload:
+    """Every tensor sent densely (``value_bits`` per value; default: the dtype's width)."""
     return Payload({k: Dense(v.detach(), value_bits) for k, v in tensors.items()})
 
 

@@ -49,19 +49,25 @@ class Entry(Protocol):
 
 @dataclass(frozen=True)
 class Dense:
-    """A dense tensor sent value by value (``value_bits`` per entry)."""
+    """A dense tensor sent value by value: ``value_bits`` per entry (default: its dtype's width,
+    32 for fp32)."""
 
     values: Tensor
-    value_bits: int = bits.FLOAT_BITS
+    value_bits: int | None = None
 
     def decode(self) -> Tensor:
         return self.values
 
     def nbits(self) -> BitCount:
-        return BitCount(payload=bits.dense(self.values.numel(), self.value_bits))
+        width = self.value_bits if self.value_bits is not None else _dtype_bits(self.values)
+        return BitCount(payload=bits.dense(self.values.numel(), width))
 
     def dense_bits(self) -> int:
         return bits.dense(self.values.numel())
+
+
+def _dtype_bits(t: Tensor) -> int:
+    return 1 if t.dtype == torch.bool else t.element_size() * 8
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ temporary file and an atomic rename, so a kill during a save leaves the previous
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,12 @@ def load(path: Path, config_hash: str) -> RunState | None:
     """The saved state if ``path`` exists and was made by the same configuration, else None."""
     if not path.is_file():
         return None
-    blob = torch.load(path, weights_only=False)
-    if blob.get("version") != FORMAT_VERSION:
+    try:
+        blob = torch.load(path, weights_only=False)
+    except Exception as err:  # truncated or from an incompatible version: start afresh
+        warnings.warn(f"ignoring unreadable checkpoint {path}: {err}", stacklevel=2)
+        return None
+    if not isinstance(blob, dict) or blob.get("version") != FORMAT_VERSION:
         return None
     state: RunState = blob["state"]
     return state if state.config_hash == config_hash else None

@@ -131,6 +131,8 @@ def run(
         )
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
+    if checkpoint_path is not None and resumed_from == 0:
+        checkpoint.save(state, checkpoint_path)  # round 0: a kill before round 1 keeps the run id
     ledger = Ledger(list(state.ledger_rows))
     cum_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows)
 
@@ -185,14 +187,19 @@ def _one_round(
         gen = torch_generator(cfg.seed, Stream.CLIENT, round_, cid)
         cctx = ClientContext(round_, cid, model, cfg.local, gen)
         t0 = time.perf_counter()
-        result = algorithm.client_update(down.decode(), record.state, data.train[cid], cctx)  # 3.
+        decoded_down = down.decode()
+        result = algorithm.client_update(decoded_down, record.state, data.train[cid], cctx)  # 3.
         payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen)
         train_s.append(time.perf_counter() - t0)
         up_bits += ledger.record(round_, cid, "up", payload)
-        uplinks.append(Uplink(cid, result.num_examples, payload.decode()))
+        decoded_up = payload.decode()
+        uplinks.append(Uplink(cid, result.num_examples, decoded_up))
+        uploaded = result.local_params
+        if payload is not result.uplink and algorithm.uploaded_model is not None:
+            uploaded = algorithm.uploaded_model(decoded_down, decoded_up)  # what the server got
         local = evaluate(
             model,
-            result.local_params,
+            uploaded,
             data.test[cid].x,
             data.test[cid].y,
             batch_size=cfg.eval_batch_size,
@@ -218,7 +225,9 @@ def _one_round(
                 "test_n": local.n,
             }
         )
+    t_server = time.perf_counter()
     state.server = algorithm.server_update(state.server, uplinks, rctx)  # 4. server
+    server_s = time.perf_counter() - t_server
     cum_bits += up_bits + down_bits
     metrics: dict[str, float | None] = {
         "comm/up_bytes": bits.to_bytes(up_bits),
@@ -228,6 +237,7 @@ def _one_round(
         "train/loss": _weighted([lo for lo, _ in losses], [n for _, n in losses]),
         "time/client_s": float(np.mean(train_s)),
         "time/client_max_s": float(np.max(train_s)),
+        "time/server_s": server_s,
     }
     metrics.update(_local_metrics(state.clients, data.num_clients))
     metrics.update(

@@ -243,3 +243,13 @@ def test_register_compressor_twice_is_an_error() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         register_compressor("none")(lambda: build_compressor("none"))
     assert "none" in COMPRESSORS
+
+
+def test_dense_counts_the_dtype_width_unless_told() -> None:
+    from fedcomm.comm.payload import Dense
+
+    assert Dense(torch.zeros(10)).nbits().payload == 320  # fp32
+    assert Dense(torch.zeros(10, dtype=torch.float16)).nbits().payload == 160
+    assert Dense(torch.zeros(10, dtype=torch.float64)).nbits().payload == 640
+    assert Dense(torch.zeros(10, dtype=torch.int8)).nbits().payload == 80
+    assert Dense(torch.zeros(10, dtype=torch.float64), value_bits=32).nbits().payload == 320

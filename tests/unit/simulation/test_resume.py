@@ -49,6 +49,29 @@ def _numbers(path: Path) -> pl.DataFrame:
     return frame.select([c for c in frame.columns if not c.startswith("time/")])
 
 
+def _runs(root: Path) -> list[tuple[str, str, list[int]]]:
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tests")
+    assert exp is not None
+    return [
+        (
+            r.info.run_name or "",
+            r.info.status,
+            sorted(m.step for m in client.get_metric_history(r.info.run_id, "global/accuracy")),
+        )
+        for r in client.search_runs([exp.experiment_id])
+    ]
+
+
+def test_kill_before_the_first_checkpoint_keeps_one_mlflow_run(tmp_path: Path) -> None:
+    root = _setup(tmp_path / "early")
+    res = _fedcomm(root, "train", "--run", "fedavg", env={CRASH_ENV: "1"})
+    assert res.returncode == -signal.SIGKILL
+    assert _runs(root) == [("fedavg-s0", "RUNNING", [1])]  # killed: nobody could mark it
+    assert _fedcomm(root, "train", "--run", "fedavg").returncode == 0
+    assert _runs(root) == [("fedavg-s0", "FINISHED", [1, 2, 3, 4, 5])]
+
+
 def test_killed_run_resumes_to_identical_numbers(tmp_path: Path) -> None:
     straight = _setup(tmp_path / "straight")
     assert _fedcomm(straight, "train", "--run", "fedprox").returncode == 0
