@@ -16,8 +16,9 @@ import polars as pl
 
 from fedcomm.comm.ledger import write_parquet_atomic
 from fedcomm.config import Params
+from fedcomm.evaluation.summaries import aggregate_seeds
 from fedcomm.experiment import Paths, _write_json
-from fedcomm.reporting.summary import summary_table, write_report, write_text_atomic
+from fedcomm.reporting.summary import write_report, write_text_atomic
 
 CURVE_COLUMNS = {
     "round": "round",
@@ -55,18 +56,103 @@ def curves(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> pl.DataFram
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def headline(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """``{run: {metric: mean, metric_se: se}}``: the summary table, for ``dvc metrics``."""
-    out: dict[str, dict[str, Any]] = {}
-    for row in summary_table(summaries).iter_rows(named=True):
-        run = row.pop("algorithm")
-        out[run] = {k.removesuffix("_mean"): v for k, v in row.items()}
+HEADLINE = {
+    "final": (
+        "global/accuracy",
+        "local/accuracy",
+        "comm/up_gib",
+        "comm/down_gib",
+        "comm/cum_gib",
+        "model/sparsity",
+    ),
+    "best": ("global/accuracy", "global/accuracy_round", "local/accuracy"),
+}
+
+
+def headline(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """``{run: {"final": {"global/accuracy": mean, "global/accuracy_se": se, ...}, "best": ...}}``
+    over seeds, in the metric vocabulary: what ``dvc metrics show/diff`` compares."""
+    out: dict[str, Any] = {}
+    for run, runs in summaries.items():
+        agg = aggregate_seeds(runs)
+        node: dict[str, Any] = {"seeds": len(runs)}
+        for section, keys in HEADLINE.items():
+            part: dict[str, Any] = {}
+            for key in keys:
+                leaf = agg.get(section, {}).get(key)
+                if isinstance(leaf, dict) and leaf.get("mean") is not None:
+                    part[key] = leaf["mean"]
+                    part[f"{key}_se"] = leaf["se"]
+            node[section] = part
+        out[run] = node
     return out
+
+
+def _fmt(mean: Any, se: Any, pct: bool) -> str:
+    """``mean ± se`` (percent with 2 decimals, or 4 significant digits); ``–`` when missing."""
+    if mean is None:
+        return "–"
+    text = f"{100 * mean:.2f}" if pct else f"{mean:.4g}"
+    if not se:
+        return text
+    return f"{text} ± {100 * se:.2f}" if pct else f"{text} ± {se:.2g}"
+
+
+def budget_and_target_sections(summaries: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Markdown tables: best global accuracy within each GiB budget; round, GiB and
+    time-to-accuracy (link model) to reach each target (seeds that never did are left out)."""
+    aggs = {run: aggregate_seeds(s) for run, s in summaries.items()}
+    sections: list[str] = []
+    budgets = sorted({b for a in aggs.values() for b in a.get("at_budget", {})}, key=float)
+    if budgets:
+        head = "| Run | " + " | ".join(f"≤ {b} GiB" for b in budgets) + " |"
+        rows = [head, "|---|" + "---:|" * len(budgets)]
+        for run, agg in aggs.items():
+            cells = [agg.get("at_budget", {}).get(b) or {} for b in budgets]
+            rows.append(
+                f"| `{run}` | "
+                + " | ".join(_fmt(c.get("mean"), c.get("se"), True) for c in cells)
+                + " |"
+            )
+        sections.append(
+            "## Best global accuracy (%) within a communication budget\n\n" + "\n".join(rows)
+        )
+    targets = sorted({t for a in aggs.values() for t in a.get("to_target", {})}, key=float)
+    if targets:
+        rows = [
+            "| Run | Target | Seeds reaching | Round | GiB | Time-to-accuracy (s) |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for run, agg in aggs.items():
+            for t in targets:
+                node = agg.get("to_target", {}).get(t) or {}
+                reached = (node.get("round") or {}).get("n", 0)
+                vals = [
+                    _fmt((node.get(k) or {}).get("mean"), (node.get(k) or {}).get("se"), False)
+                    for k in ("round", "gib", "tta_s")
+                ]
+                rows.append(
+                    f"| `{run}` | {float(t):.0%} | {reached}/{len(summaries[run])} | "
+                    + " | ".join(vals)
+                    + " |"
+                )
+        sections.append(
+            "## Reaching a target global accuracy\n\n"
+            "Mean ± standard error over the seeds that reached it; "
+            "time-to-accuracy under the link model of `evaluate.link`.\n\n" + "\n".join(rows)
+        )
+    return sections
 
 
 def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
     rounds, summaries = collect(params, paths)
-    written = write_report(paths.reports, rounds, summaries, title=params.summarize.title)
+    written = write_report(
+        paths.reports,
+        rounds,
+        summaries,
+        title=params.summarize.title,
+        sections=budget_and_target_sections(summaries),
+    )
     _write_json(paths.reports / "metrics.json", headline(summaries))
     table = curves(params, rounds)
     write_text_atomic(table.write_csv(), paths.reports / "curves.csv")

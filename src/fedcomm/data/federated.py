@@ -34,6 +34,7 @@ import polars as pl
 from fedcomm import __version__
 from fedcomm.data.partitioners import PARTITIONERS, PartitionError, train_test_split
 from fedcomm.data.types import Dataset
+from fedcomm.seeding import Stream, numpy_rng
 
 SPLIT = pl.Enum(["train", "test"])
 """Dtype of the ``split`` column."""
@@ -42,7 +43,7 @@ ASSIGNMENTS = "assignments.parquet"
 LABEL_COUNTS = "label_counts.parquet"
 MANIFEST = "manifest.json"
 _FILES = (ASSIGNMENTS, LABEL_COUNTS, MANIFEST)
-_FORMAT = "fedcomm.partition/1"  # bump when the partitioning algorithms change results
+_FORMAT = "fedcomm.partition/2"  # bump when the partitioning algorithms change results
 _REBUILD = "Re-run `dvc repro partition` (or `fedcomm partition`) to rebuild it."
 _RESERVED_PARAMS = frozenset({"labels", "rng", "num_partitions", "natural_id"})
 
@@ -60,8 +61,8 @@ class PartitionSpec:
         num_partitions: number of clients (None: all natural ids, for ``natural_id``).
         params: the partitioner's own keyword arguments, e.g. ``{"alpha": 0.5}``.
         test_fraction: share of each client's rows held out for its test split, in [0, 1).
-        seed: non-negative seed; stream ``[seed, 1]`` partitions, ``[seed, 2, client_id]``
-            splits each client.
+        seed: non-negative seed; the stream ``(seed, PARTITION)`` partitions and
+            ``(seed, SPLIT, client_id)`` splits each client (:mod:`fedcomm.seeding`).
     """
 
     kind: str
@@ -235,7 +236,7 @@ def make_partition(dataset: Dataset, spec: PartitionSpec) -> Partition:
         PartitionError: unknown kind or params, or the partitioner rejects them.
     """
     kwargs = _partitioner_kwargs(dataset, spec)
-    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 1]))
+    rng = numpy_rng(spec.seed, Stream.PARTITION)
     fn = PARTITIONERS[spec.kind]
     parts = fn(dataset.labels, rng=rng, num_partitions=spec.num_partitions, **kwargs)
     splits = [
@@ -243,7 +244,7 @@ def make_partition(dataset: Dataset, spec: PartitionSpec) -> Partition:
             dataset.labels,
             rows,
             test_fraction=spec.test_fraction,
-            rng=np.random.default_rng(np.random.SeedSequence([spec.seed, 2, client])),
+            rng=numpy_rng(spec.seed, Stream.SPLIT, client),
         )
         for client, rows in enumerate(parts)
     ]

@@ -113,14 +113,16 @@ def render_markdown(
     title: str,
     plots: Sequence[tuple[str, str]],
     notes: Sequence[str] = (),
+    sections: Sequence[str] = (),
 ) -> str:
-    """A markdown report: title, the results table, the plot images, then notes.
+    """A markdown report: title, the results table, extra sections, the plot images, then notes.
 
     Args:
         table: output of :func:`summary_table`.
         title: report title.
         plots: ``(caption, relative path)`` per image.
         notes: free-text bullet points.
+        sections: ready markdown blocks placed after the results table.
 
     Returns:
         The markdown text (ends with a newline).
@@ -128,6 +130,8 @@ def render_markdown(
     lines = [f"# {title}", "", "## Results", ""]
     lines += ["Mean ± standard error over seeds; final = last measured round.", ""]
     lines += [*_markdown_table(table), ""]
+    for block in sections:
+        lines += [block.rstrip("\n"), ""]
     if plots:
         lines += ["## Plots", ""]
         for caption, rel in plots:
@@ -163,6 +167,7 @@ def write_report(
     *,
     title: str,
     notes: Sequence[str] = (),
+    sections: Sequence[str] = (),
 ) -> list[Path]:
     """Write ``summary.md`` and ``plots/*.png`` under ``out_dir``.
 
@@ -172,6 +177,7 @@ def write_report(
         per_algorithm_summaries: algorithm -> run summaries of its seeds (for the table).
         title: report title.
         notes: extra bullet points at the end of the markdown.
+        sections: extra markdown blocks after the results table.
 
     Returns:
         The written paths: the three plots, then ``summary.md``.
@@ -186,6 +192,7 @@ def write_report(
         title=title,
         plots=[(caption, f"plots/{name}") for name, caption in PLOTS],
         notes=notes,
+        sections=sections,
     )
     summary = out_dir / "summary.md"
     write_text_atomic(markdown, summary)
