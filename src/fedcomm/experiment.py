@@ -20,10 +20,9 @@ from typing import Any
 import polars as pl
 import torch
 
-from fedcomm import __version__
+from fedcomm import __version__, atomic
 from fedcomm.algorithms import build_algorithm
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.comm.ledger import write_parquet_atomic
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets import load_dataset
 from fedcomm.data.federated import (
@@ -322,13 +321,14 @@ def _write_run_outputs(
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     st = result.state
-    write_parquet_atomic(rounds_frame(st.round_rows), out / "rounds.parquet")
+    atomic.write_parquet(out / "rounds.parquet", rounds_frame(st.round_rows))
     result.ledger.write(out / "ledger.parquet")
-    write_parquet_atomic(
-        pl.DataFrame(st.client_rows, infer_schema_length=None), out / "clients.parquet"
-    )
+    clients = pl.DataFrame(st.client_rows, infer_schema_length=None)
+    atomic.write_parquet(out / "clients.parquet", clients)
     save_sparse(result.final_params, out / "model.safetensors")
-    _write_json(out / "run.json", {"mlflow_run_id": run_id, "config": config, "rounds": st.round_})
+    atomic.write_json(
+        out / "run.json", {"mlflow_run_id": run_id, "config": config, "rounds": st.round_}
+    )
     return out
 
 
@@ -338,13 +338,6 @@ def rounds_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
         pl.col(c).cast(pl.Float64) for c in frame.columns if c != "round"
     ]
     return frame.with_columns(casts)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 # --- evaluate ----------------------------------------------------------------------------------
@@ -382,13 +375,13 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         for c, d in enumerate(data.test)
     ]
     table = pl.DataFrame(per_client, infer_schema_length=None)
-    write_parquet_atomic(table, out / "eval_clients.parquet")
+    atomic.write_parquet(out / "eval_clients.parquet", table)
     summary["saved_model"] = {
         "global/accuracy": g.accuracy,
         "global/loss": g.loss,
         "topk/accuracy": g.topk.get(params.train.topk),
     }
-    _write_json(out / "metrics.json", summary)
+    atomic.write_json(out / "metrics.json", summary)
     plots = _run_plots(run_name(run, seed), rounds, out / "plots")
     run_info = json.loads((trained / "run.json").read_text())
     if params.tracking.enabled and run_info.get("mlflow_run_id"):

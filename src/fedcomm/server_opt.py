@@ -57,12 +57,14 @@ def trace(beta: float, nesterov: bool = False) -> Transform:
     return Transform(init, update)
 
 
+def _moments_init(p: Mapping[str, Tensor]) -> tuple[int, Params, Params]:
+    """``(count, first moment, second moment)`` at zero, for Adam and Adamax."""
+    zeros = {k: torch.zeros_like(v) for k, v in p.items()}
+    return 0, zeros, {k: v.clone() for k, v in zeros.items()}
+
+
 def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool = True) -> Transform:
     """Adam direction ``m̂ / (sqrt(v̂) + eps)``; ``eps`` is FedAdam's τ."""
-
-    def init(p: Mapping[str, Tensor]) -> tuple[int, Params, Params]:
-        zeros = {k: torch.zeros_like(v) for k, v in p.items()}
-        return 0, zeros, {k: v.clone() for k, v in zeros.items()}
 
     def update(
         d: Mapping[str, Tensor], s: tuple[int, Params, Params]
@@ -76,16 +78,12 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool = True
         step = {k: (mu[k] / c1) / ((nu[k] / c2).sqrt() + eps) for k in d}
         return step, (count, mu, nu)
 
-    return Transform(init, update)
+    return Transform(_moments_init, update)
 
 
 def scale_by_adamax(b1: float, b2: float, eps: float) -> Transform:
     """Adamax direction ``m̂ / u`` with ``u ← max(b2·u, |d| + eps)`` (Kingma & Ba, 2015;
     eps placed as in :class:`torch.optim.Adamax`)."""
-
-    def init(p: Mapping[str, Tensor]) -> tuple[int, Params, Params]:
-        zeros = {k: torch.zeros_like(v) for k, v in p.items()}
-        return 0, zeros, {k: v.clone() for k, v in zeros.items()}
 
     def update(
         d: Mapping[str, Tensor], s: tuple[int, Params, Params]
@@ -97,7 +95,7 @@ def scale_by_adamax(b1: float, b2: float, eps: float) -> Transform:
         step = {k: (mu[k] / (1 - b1**count)) / u[k] for k in d}
         return step, (count, mu, u)
 
-    return Transform(init, update)
+    return Transform(_moments_init, update)
 
 
 def chain(*transforms: Transform) -> Transform:

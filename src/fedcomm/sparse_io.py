@@ -16,7 +16,6 @@ predictions).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from fedcomm.atomic import atomic_path
 from fedcomm.types import Params
 
 
@@ -59,10 +59,8 @@ def save_sparse(params: Mapping[str, Tensor], path: Path) -> dict[str, str]:
         layout[name] = {"layout": kind, "shape": list(t.shape), "dtype": str(t.dtype)}
         for suffix, part in parts.items():
             tensors[name + suffix] = part
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"fedcomm.layout": json.dumps(layout)})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"fedcomm.layout": json.dumps(layout)})
     return {k: str(v["layout"]) for k, v in layout.items()}
 
 

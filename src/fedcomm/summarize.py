@@ -14,11 +14,11 @@ from typing import Any
 
 import polars as pl
 
-from fedcomm.comm.ledger import write_parquet_atomic
+from fedcomm import atomic
 from fedcomm.config import Params
 from fedcomm.evaluation.summaries import aggregate_seeds
-from fedcomm.experiment import Paths, _write_json
-from fedcomm.reporting.summary import write_report, write_text_atomic
+from fedcomm.experiment import Paths
+from fedcomm.reporting.summary import write_report
 
 CURVE_COLUMNS = {
     "round": "round",
@@ -153,8 +153,8 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         title=params.summarize.title,
         sections=budget_and_target_sections(summaries),
     )
-    _write_json(paths.reports / "metrics.json", headline(summaries))
+    atomic.write_json(paths.reports / "metrics.json", headline(summaries))
     table = curves(params, rounds)
-    write_text_atomic(table.write_csv(), paths.reports / "curves.csv")
-    write_parquet_atomic(table, paths.reports / "curves.parquet")
+    atomic.write_text(paths.reports / "curves.csv", table.write_csv())
+    atomic.write_parquet(paths.reports / "curves.parquet", table)
     return [*written, paths.reports / "metrics.json", paths.reports / "curves.csv"]

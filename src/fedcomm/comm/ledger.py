@@ -13,6 +13,7 @@ from typing import Literal
 
 import polars as pl
 
+from fedcomm import atomic
 from fedcomm.comm import bits
 from fedcomm.comm.payload import Payload
 
@@ -47,7 +48,7 @@ class Ledger:
         return pl.DataFrame(self.rows, schema=SCHEMA, orient="row")
 
     def write(self, path: Path) -> None:
-        write_parquet_atomic(self.frame(), path)
+        atomic.write_parquet(path, self.frame())
 
     def truncate(self, last_round: int) -> None:
         """Drop rows after ``last_round`` (used when resuming from a checkpoint)."""
@@ -69,11 +70,3 @@ def per_round(ledger: pl.DataFrame) -> pl.DataFrame:
     return wide.with_columns(
         (pl.col("up_bytes") + pl.col("down_bytes")).cum_sum().alias("cum_bytes"),
     ).with_columns((pl.col("cum_bytes") / bits.GIB).alias("cum_gib"))
-
-
-def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
-    """Write ``frame`` to ``path`` through a temporary file and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.write_parquet(tmp)
-    tmp.replace(path)

@@ -11,8 +11,6 @@ through a temporary file and an atomic rename.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,8 @@ from pathlib import Path
 import polars as pl
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+from fedcomm.atomic import atomic_path
 
 GIB_COLUMN = "comm/cum_gib"
 _PALETTE = (
@@ -165,16 +165,8 @@ def save_figure(fig: Figure, path: Path) -> None:
         fig: the figure.
         path: destination; parent directories are created.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=150)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=150)
 
 
 def _plot(

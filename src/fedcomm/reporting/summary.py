@@ -7,14 +7,13 @@ GiB with 4 significant digits); ``write_report`` writes ``summary.md`` and the P
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
 
+from fedcomm.atomic import write_text
 from fedcomm.evaluation.summaries import aggregate_seeds
 from fedcomm.reporting.plots import plot_accuracy_vs_gib, plot_accuracy_vs_round
 
@@ -141,25 +140,6 @@ def render_markdown(
     return "\n".join(lines)
 
 
-def write_text_atomic(text: str, path: Path) -> None:
-    """Write ``text`` to ``path`` through a temporary file and an atomic rename.
-
-    Args:
-        text: the content (UTF-8).
-        path: destination; parent directories are created.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(
     out_dir: Path,
     per_algorithm_rounds: Mapping[str, Sequence[pl.DataFrame]],
@@ -195,5 +175,5 @@ def write_report(
         sections=sections,
     )
     summary = out_dir / "summary.md"
-    write_text_atomic(markdown, summary)
+    write_text(summary, markdown)
     return [gib_global, gib_local, by_round, summary]

@@ -8,13 +8,14 @@ temporary file and an atomic rename, so a kill during a save leaves the previous
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fedcomm.atomic import atomic_path
 
 FORMAT_VERSION = 1
 
@@ -34,10 +35,8 @@ class RunState:
 
 
 def save(state: RunState, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({"version": FORMAT_VERSION, "state": state}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save({"version": FORMAT_VERSION, "state": state}, tmp)
 
 
 def load(path: Path, config_hash: str) -> RunState | None:

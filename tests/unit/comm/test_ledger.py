@@ -8,9 +8,10 @@ import polars as pl
 import pytest
 import torch
 
+from fedcomm.atomic import write_parquet
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import encode_dense, encode_sparse
-from fedcomm.comm.ledger import SCHEMA, Ledger, per_round, write_parquet_atomic
+from fedcomm.comm.ledger import SCHEMA, Ledger, per_round
 from fedcomm.comm.payload import Meta, Payload
 
 COLUMNS = [
@@ -129,7 +130,7 @@ def test_write_round_trips_and_leaves_no_temp_file(tmp_path: Path) -> None:
 
 def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ledger.parquet"
-    write_parquet_atomic(_example().frame(), path)
+    write_parquet(path, _example().frame())
     before = path.read_bytes()
 
     def broken(self: pl.DataFrame, file: Path, *args: object, **kwargs: object) -> None:
@@ -138,5 +139,6 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(pl.DataFrame, "write_parquet", broken)
     with pytest.raises(OSError, match="disk full"):
-        write_parquet_atomic(Ledger().frame(), path)
+        write_parquet(path, Ledger().frame())
     assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.parquet"]  # no temp left behind
