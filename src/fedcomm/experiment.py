@@ -22,6 +22,7 @@ import torch
 
 from fedcomm import __version__, atomic
 from fedcomm.algorithms import build_algorithm
+from fedcomm.algorithms.base import split_members
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets import load_dataset
@@ -369,9 +370,10 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     data, _ = load_federated(params, paths)
     model = build_run_model(params, data, seed)
     final = load_sparse(trained / "model.safetensors")
-    g = evaluate(model, final, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
+    members = split_members(final)  # an ensemble (fedavg_mog) is evaluated as one
+    g = evaluate(model, members, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
     per_client = [
-        {"client_id": c, **_eval_row(evaluate(model, final, d.x, d.y))}
+        {"client_id": c, **_eval_row(evaluate(model, members, d.x, d.y))}
         for c, d in enumerate(data.test)
     ]
     table = pl.DataFrame(per_client, infer_schema_length=None)

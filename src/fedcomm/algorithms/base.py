@@ -10,7 +10,9 @@ optax's state discipline), built from its pydantic config by a registered builde
   *decoded* downlink; returns the uplink payload, the new client state and the model the client
   ends the round with (its "last upload" for local accuracy);
 * ``server_update(server_state, uplinks, ctx) -> server_state`` from the decoded uplinks;
-* ``global_params(server_state) -> Params`` the model evaluated globally and saved;
+* ``global_params(server_state) -> Params`` the model evaluated globally and saved (an
+  ensemble returns its members joined by :func:`join_members`; evaluation then averages the
+  members' softmax outputs and logs each member's accuracy);
 * ``uploaded_model(downlink, uplink) -> Params`` (optional) the model a decoded upload stands
   for, so that local accuracy measures what was actually sent when a compressor is lossy.
 
@@ -87,7 +89,9 @@ class ClientResult:
     state: ClientState
     local_params: Params  # the model the client ends the round with (its "last upload")
     num_examples: int
-    metrics: Mapping[str, float] = field(default_factory=dict)  # e.g. {"train/loss": ...}
+    # e.g. {"train/loss": ..., "fedsparse/tv_mean": ..., "fedsparse/tv_max": ...}; the loop logs the
+    # mean over the round's clients, the max for keys ending in "_max", the min for "_min"
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,24 @@ def build_algorithm(cfg: AlgorithmConfig) -> FedAlgorithm:
 
 
 # --- shared pieces every algorithm composes ------------------------------------------------
+
+MEMBER_PREFIX = "member"  # ensemble algorithms return "member<k>.<param>" keys from global_params
+
+
+def join_members(members: Sequence[Mapping[str, Tensor]]) -> Params:
+    """Ensemble members as one flat parameter dict (``member<k>.<name>``), e.g. to save them."""
+    return {f"{MEMBER_PREFIX}{k}.{n}": t for k, m in enumerate(members) for n, t in m.items()}
+
+
+def split_members(params: Mapping[str, Tensor]) -> list[Params]:
+    """Inverse of :func:`join_members`; a plain parameter dict is a one-member list."""
+    if not params or not all(k.startswith(MEMBER_PREFIX) for k in params):
+        return [dict(params)]
+    members: dict[int, Params] = {}
+    for key, t in params.items():
+        head, _, name = key.partition(".")
+        members.setdefault(int(head[len(MEMBER_PREFIX) :]), {})[name] = t
+    return [members[k] for k in sorted(members)]
 
 
 def weighted_mean(

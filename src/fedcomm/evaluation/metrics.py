@@ -125,9 +125,20 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def _scores(model: nn.Module, members: Sequence[Mapping[str, Tensor]], xb: Tensor) -> Tensor:
+    """Logits of one model; for an ensemble, the log of the members' mean softmax (cross-entropy
+    and argmax on these are the ensemble's NLL and prediction)."""
+    if len(members) == 1:
+        return torch.func.functional_call(model, dict(members[0]), (xb,))
+    probs = torch.stack(
+        [torch.func.functional_call(model, dict(m), (xb,)).float().softmax(-1) for m in members]
+    ).mean(0)
+    return probs.clamp_min(1e-30).log()
+
+
 def evaluate(
     model: nn.Module,
-    params: Mapping[str, Tensor],
+    params: Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]],
     x: Tensor,
     y: Tensor,
     *,
@@ -142,7 +153,8 @@ def evaluate(
 
     Args:
         model: the architecture (its own parameters are not used where ``params`` names them).
-        params: parameters by name, as ``model.named_parameters()`` names them.
+        params: parameters by name, as ``model.named_parameters()`` names them; or a list of
+            such mappings, evaluated as an ensemble (the mean of the members' softmax outputs).
         x: inputs, ``(N, ...)``.
         y: targets, ``(N,)`` for classification or ``(N, T)`` for sequences.
         batch_size: examples per forward pass.
@@ -154,14 +166,18 @@ def evaluate(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    device = next(iter(params.values())).device if params else x.device
+    members = [params] if isinstance(params, Mapping) else list(params)
+    if not members:
+        raise ValueError("evaluate needs parameters (or at least one ensemble member)")
+    first = members[0]
+    device = next(iter(first.values())).device if first else x.device
     n, loss_sum, correct = 0, 0.0, 0
     topk_hits = dict.fromkeys(topk, 0)
     with torch.inference_mode(), _eval_mode(model):
         for start in range(0, len(x), batch_size):
             xb = x[start : start + batch_size].to(device)
             yb = y[start : start + batch_size].to(device)
-            logits = torch.func.functional_call(model, dict(params), (xb,))
+            logits = _scores(model, members, xb)
             flat, target = flatten_logits(logits, yb)  # (N, C), (N,)
             if ignore_index is not None:
                 keep = target != ignore_index

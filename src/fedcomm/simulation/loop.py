@@ -21,7 +21,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +36,7 @@ from fedcomm.algorithms.base import (
     FedAlgorithm,
     RoundContext,
     Uplink,
+    split_members,
 )
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
@@ -178,6 +179,7 @@ def _one_round(
     up_bits = down_bits = 0
     train_s: list[float] = []
     losses: list[tuple[float, int]] = []
+    client_metrics: list[Mapping[str, float]] = []
     for cid in cohort:  # 1. cohort, sorted
         record: ClientRecord = state.clients.get(cid) or ClientRecord(
             state=algorithm.init_client(cid), compressor_state=compressor.init()
@@ -212,6 +214,7 @@ def _one_round(
             local.n,
         )
         loss = result.metrics.get("train/loss", math.nan)
+        client_metrics.append(result.metrics)
         losses.append((loss, result.num_examples))
         state.client_rows.append(
             {
@@ -240,6 +243,7 @@ def _one_round(
         "time/server_s": server_s,
     }
     metrics.update(_local_metrics(state.clients, data.num_clients))
+    metrics.update(aggregate_client_metrics(client_metrics))
     metrics.update(
         {
             f"{algorithm.name}/{k}" if "/" not in k else k: v
@@ -251,9 +255,10 @@ def _one_round(
     metrics["model/density"] = dens
     metrics["model/sparsity"] = 1.0 - dens
     if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:  # 5. evaluate
+        members = split_members(params)
         g = evaluate(
             model,
-            params,
+            members,
             data.global_test.x,
             data.global_test.y,
             batch_size=cfg.eval_batch_size,
@@ -262,7 +267,35 @@ def _one_round(
         metrics["global/accuracy"] = g.accuracy
         metrics["global/loss"] = g.loss
         metrics["topk/accuracy"] = g.topk.get(cfg.topk)
+        if len(members) > 1:  # an ensemble: each member's accuracy too
+            for k, member in enumerate(members):
+                r = evaluate(
+                    model,
+                    member,
+                    data.global_test.x,
+                    data.global_test.y,
+                    batch_size=cfg.eval_batch_size,
+                )
+                metrics[f"global/member{k}/accuracy"] = r.accuracy
     return metrics, cum_bits
+
+
+def aggregate_client_metrics(per_client: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The round's value of each algorithm-specific client metric: max for ``*_max`` keys, min
+    for ``*_min``, else the unweighted mean over clients (``train/loss`` is handled apart)."""
+    keys = sorted({k for m in per_client for k in m} - {"train/loss"})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [float(m[key]) for m in per_client if key in m and not math.isnan(float(m[key]))]
+        if not values:
+            continue
+        if key.endswith("_max"):
+            out[key] = max(values)
+        elif key.endswith("_min"):
+            out[key] = min(values)
+        else:
+            out[key] = float(np.mean(values))
+    return out
 
 
 def _weighted(values: list[float], weights: list[int]) -> float | None:
