@@ -181,6 +181,11 @@ def train_stage(
     chash = config_hash({**config, "code": code_fingerprint()})
     model = _check_model(params, data, seed)
     algorithm = build_algorithm(params.algorithm(run))
+    if algorithm.validate_model is not None:
+        try:
+            algorithm.validate_model(model)
+        except ValueError as err:
+            raise ConfigError(f"algorithms.{run}: {err}") from None
     compressor = build_compressor(
         params.train.compressor.name, **params.train.compressor.model_dump(exclude={"name"})
     )

@@ -23,6 +23,7 @@ class Stream(IntEnum):
     CLIENT = 5
     SERVER = 6
     EVAL = 7
+    ALGORITHM = 8  # algorithm-internal randomness both sides can replay (e.g. dropout masks)
 
 
 def seed_sequence(seed: int, stream: Stream, *keys: int) -> np.random.SeedSequence:

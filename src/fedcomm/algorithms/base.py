@@ -63,10 +63,12 @@ class ClientData:
 
 @dataclass(frozen=True)
 class RoundContext:
-    """What every function of a round may know: the round and a generator for it."""
+    """What every server-side function of a round may know: the round, a generator for it, and
+    the run's seed (to derive replayable per-client streams with :mod:`fedcomm.seeding`)."""
 
     round_: int
     generator: torch.Generator
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class ClientContext:
     model: nn.Module  # structure only: parameters are passed explicitly (torch.func style)
     local: LocalConfig
     generator: torch.Generator
+    seed: int = 0  # the run's seed: shared streams the server can replay (Stream.ALGORITHM)
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class FedAlgorithm:
     # the model a client's (possibly compressed) upload stands for, from the decoded downlink and
     # uplink; the loop evaluates it for local accuracy when an uplink compressor changed the payload
     uploaded_model: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], Params] | None = None
+    # raises ValueError if the algorithm cannot run on this model (checked before any training)
+    validate_model: Callable[[nn.Module], None] | None = None
 
 
 C = TypeVar("C", bound=AlgorithmConfig)

@@ -128,7 +128,7 @@ def run(
         init = {k: v.detach().clone() for k, v in model.named_parameters()}
         state = checkpoint.RunState(config_hash=config_hash)
         state.server = algorithm.init_server(
-            init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0))
+            init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0), cfg.seed)
         )
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
@@ -173,7 +173,7 @@ def _one_round(
     round_: int,
     cum_bits: int,
 ) -> tuple[dict[str, float | None], int]:
-    rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_))
+    rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed)
     cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
     uplinks: list[Uplink] = []
     up_bits = down_bits = 0
@@ -187,7 +187,7 @@ def _one_round(
         down = algorithm.broadcast(state.server, cid, record.state, rctx)  # 2. downlink
         down_bits += ledger.record(round_, cid, "down", down)
         gen = torch_generator(cfg.seed, Stream.CLIENT, round_, cid)
-        cctx = ClientContext(round_, cid, model, cfg.local, gen)
+        cctx = ClientContext(round_, cid, model, cfg.local, gen, cfg.seed)
         t0 = time.perf_counter()
         decoded_down = down.decode()
         result = algorithm.client_update(decoded_down, record.state, data.train[cid], cctx)  # 3.
