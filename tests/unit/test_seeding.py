@@ -29,6 +29,7 @@ def test_stream_ids_are_stable() -> None:
         "CLIENT": 5,
         "SERVER": 6,
         "EVAL": 7,
+        "ALGORITHM": 8,
     }
 
 
