@@ -35,6 +35,7 @@ LossHook = Callable[[Mapping[str, Tensor], Tensor], Tensor]
 GradHook = Callable[[Mapping[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
 PostStep = Callable[[dict[str, Tensor]], dict[str, Tensor]]  # params -> projected params
 GradHookFactory = Callable[[Mapping[str, Tensor]], GradHook]  # anchor (w_t) -> hook
+ParamMap = Callable[[dict[str, Tensor]], dict[str, Tensor]]  # trained tensors -> forward params
 StepFn = Callable[
     [dict[str, Tensor], dict[str, Tensor], Mapping[str, Tensor], Tensor, Tensor],
     tuple[dict[str, Tensor], dict[str, Tensor], Tensor],
@@ -76,6 +77,22 @@ class LocalConfig(BaseModel):
 
 
 @dataclass(frozen=True)
+class AuxAdamax:
+    """Auxiliary trained tensors (e.g. FedSparse's gate parameters ``v``) with their own Adamax
+    (Kingma & Ba 2015, as :class:`torch.optim.Adamax`), fresh at the start of local training.
+
+    They travel in the same ``params`` dict under ``keys`` and are not model parameters: a
+    ``param_map`` turns the whole dict into the forward pass's model parameters.
+    """
+
+    keys: frozenset[str]
+    lr: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+
+@dataclass(frozen=True)
 class LocalResult:
     params: Params
     loss: float  # mean training loss over the steps taken
@@ -110,12 +127,17 @@ def make_step(
     loss_hook: LossHook | None = None,
     grad_hook: GradHook | None = None,
     post_step: PostStep | None = None,
+    param_map: ParamMap | None = None,
+    aux: AuxAdamax | None = None,
     functional: bool = True,
 ) -> StepFn:
     """One SGD step ``(live, bufs, frozen, xb, yb) -> (live, bufs, data loss)``.
 
-    ``live`` are the trained parameters, ``bufs`` their momentum buffers (empty without
-    momentum), ``frozen`` parameters used but not trained.
+    ``live`` are the trained tensors, ``bufs`` the optimizer state as tensors (SGD momentum
+    buffers under the parameter names; ``aux`` Adamax moments under ``adamax.*`` keys; start
+    from :func:`init_bufs`), ``frozen`` tensors used but not trained. ``param_map`` turns the
+    trained tensors into the model parameters of the forward pass (default: the model's own
+    parameters, as they are) — e.g. ``w ⊙ z`` with gates ``z`` sampled from auxiliary tensors.
 
     ``functional=True`` (the form a vectorized backend ``torch.func.vmap``-s over clients):
     gradients from :func:`torch.func.grad`, every update returns new tensors, nothing leaves the
@@ -124,11 +146,16 @@ def make_step(
     the caller must own (about 2x faster per step on small models). Tests check both agree.
     """
 
+    names = frozenset(n for n, _ in model.named_parameters())
+    aux_keys = aux.keys if aux is not None else frozenset()
+
     def objective(
         live: dict[str, Tensor], frozen: Mapping[str, Tensor], xb: Tensor, yb: Tensor
     ) -> tuple[Tensor, Tensor]:
         full = {**frozen, **live}
-        loss = cross_entropy(functional_call(model, full, (xb,)), yb)
+        forward = param_map(full) if param_map is not None else full
+        forward = {k: v for k, v in forward.items() if k in names}
+        loss = cross_entropy(functional_call(model, forward, (xb,)), yb)
         total = loss if loss_hook is None else loss_hook(full, loss)
         return total, loss
 
@@ -154,13 +181,54 @@ def make_step(
         grads, loss = grad_fn(live, frozen, xb, yb)
         if grad_hook is not None:
             grads = grad_hook({**frozen, **live}, grads)
+        aux_live = {k: live[k] for k in aux_keys}
+        aux_grads = {k: grads.pop(k) for k in aux_keys}
+        model_live = {k: v for k, v in live.items() if k not in aux_keys}
+        model_bufs = {k: v for k, v in bufs.items() if not k.startswith("adamax.")}
         update = _update if functional else _update_inplace
-        live, bufs = update(live, grads, bufs, cfg)
+        model_live, model_bufs = update(model_live, grads, model_bufs, cfg)
+        if aux is not None:
+            aux_live, aux_bufs = _adamax(aux_live, aux_grads, bufs, aux)
+            model_bufs = {**model_bufs, **aux_bufs}
+        live, bufs = {**model_live, **aux_live}, model_bufs
         if post_step is not None:
             live = post_step(live)
         return live, bufs, loss.detach()
 
     return step
+
+
+def init_bufs(
+    live: Mapping[str, Tensor], cfg: LocalConfig, aux: AuxAdamax | None
+) -> dict[str, Tensor]:
+    """Fresh optimizer state for :func:`make_step`: momentum buffers and Adamax moments."""
+    aux_keys = aux.keys if aux is not None else frozenset()
+    bufs = (
+        {k: torch.zeros_like(v) for k, v in live.items() if k not in aux_keys}
+        if cfg.momentum > 0
+        else {}
+    )
+    for k in sorted(aux_keys):
+        bufs[f"adamax.m.{k}"] = torch.zeros_like(live[k])
+        bufs[f"adamax.u.{k}"] = torch.zeros_like(live[k])
+    if aux_keys:
+        bufs["adamax.t"] = torch.zeros(())
+    return bufs
+
+
+def _adamax(
+    live: dict[str, Tensor], grads: dict[str, Tensor], bufs: Mapping[str, Tensor], aux: AuxAdamax
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """One Adamax step (torch.optim.Adamax's rule), out of place; moments under ``adamax.*``."""
+    t = bufs["adamax.t"] + 1
+    new_live: dict[str, Tensor] = {}
+    new_bufs: dict[str, Tensor] = {"adamax.t": t}
+    for k, g in grads.items():
+        m = aux.b1 * bufs[f"adamax.m.{k}"] + (1 - aux.b1) * g
+        u = torch.maximum(aux.b2 * bufs[f"adamax.u.{k}"], g.abs() + aux.eps)
+        new_live[k] = live[k] - (aux.lr / (1 - aux.b1**t)) * m / u
+        new_bufs[f"adamax.m.{k}"], new_bufs[f"adamax.u.{k}"] = m, u
+    return new_live, new_bufs
 
 
 def _clipped(grads: dict[str, Tensor], cfg: LocalConfig) -> dict[str, Tensor]:
@@ -214,6 +282,8 @@ def local_sgd(
     grad_hook: GradHook | None = None,
     post_step: PostStep | None = None,
     trainable: Mapping[str, bool] | None = None,
+    param_map: ParamMap | None = None,
+    aux: AuxAdamax | None = None,
 ) -> LocalResult:
     """Run local SGD from ``params`` on ``data``; returns new detached params and the mean loss.
 
@@ -221,7 +291,14 @@ def local_sgd(
     The steps are :func:`make_step` over the batches of :func:`batch_schedule`.
     """
     step = make_step(
-        model, cfg, loss_hook=loss_hook, grad_hook=grad_hook, post_step=post_step, functional=False
+        model,
+        cfg,
+        loss_hook=loss_hook,
+        grad_hook=grad_hook,
+        post_step=post_step,
+        param_map=param_map,
+        aux=aux,
+        functional=False,
     )
     frozen = {
         k: v.detach()
@@ -229,7 +306,7 @@ def local_sgd(
         if trainable is not None and not trainable.get(k, True)
     }
     live = {k: v.detach().clone() for k, v in params.items() if k not in frozen}  # ours to update
-    bufs = {k: torch.zeros_like(v) for k, v in live.items()} if cfg.momentum > 0 else {}
+    bufs = init_bufs(live, cfg, aux)
     losses: list[Tensor] = []
     for idx in batch_schedule(data.num_examples, cfg, generator):
         live, bufs, loss = step(live, bufs, frozen, data.x[idx], data.y[idx])

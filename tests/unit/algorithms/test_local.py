@@ -310,3 +310,42 @@ def test_functional_and_eager_steps_agree() -> None:
         live, bufs, _ = step(live, bufs, {}, data.x[idx], data.y[idx])
     for k in live:
         torch.testing.assert_close(live[k], eager.params[k], rtol=1e-5, atol=1e-6)
+
+
+def test_aux_tensors_train_with_their_own_adamax() -> None:
+    """Gate-like auxiliary tensors (forward uses W * sigmoid(v)) follow torch.optim.Adamax while
+    the model weights follow SGD; both in the eager and the functional/vmapped step."""
+    from fedcomm.algorithms._local import AuxAdamax, init_bufs
+
+    model = _model()
+    cfg = LocalConfig(epochs=2, batch_size=8, lr=0.1, momentum=0.5)
+    aux = AuxAdamax(frozenset({"gate"}), lr=0.05)
+    params = {**_params(model), "gate": torch.linspace(-1.0, 1.0, C)}
+
+    def gated(full: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {**full, "0.weight": full["0.weight"] * torch.sigmoid(full["gate"])[:, None]}
+
+    ours = local_sgd(model, params, _data(), cfg, _gen(), param_map=gated, aux=aux)
+
+    w = params["0.weight"].clone().requires_grad_(True)
+    b = params["0.bias"].clone().requires_grad_(True)
+    v = params["gate"].clone().requires_grad_(True)
+    sgd = torch.optim.SGD([w, b], lr=cfg.lr, momentum=cfg.momentum)
+    adamax = torch.optim.Adamax([v], lr=0.05)
+    data = _data()
+    for idx in batch_schedule(data.num_examples, cfg, _gen()):
+        loss = F.cross_entropy(data.x[idx] @ (w * torch.sigmoid(v)[:, None]).T + b, data.y[idx])
+        sgd.zero_grad()
+        adamax.zero_grad()
+        loss.backward()
+        sgd.step()
+        adamax.step()
+    torch.testing.assert_close(ours.params["0.weight"], w.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.params["gate"], v.detach(), rtol=1e-5, atol=1e-6)
+
+    step = make_step(model, cfg, param_map=gated, aux=aux, functional=True)
+    live = dict(params)
+    bufs = init_bufs(live, cfg, aux)
+    for idx in batch_schedule(data.num_examples, cfg, _gen()):
+        live, bufs, _ = step(live, bufs, {}, data.x[idx], data.y[idx])
+    torch.testing.assert_close(live["gate"], v.detach(), rtol=1e-5, atol=1e-6)
