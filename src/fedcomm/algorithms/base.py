@@ -69,6 +69,7 @@ class RoundContext:
     round_: int
     generator: torch.Generator
     seed: int = 0
+    model: nn.Module | None = None  # structure only (e.g. for models.groups); never trained
 
 
 @dataclass(frozen=True)

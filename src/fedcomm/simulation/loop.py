@@ -128,7 +128,7 @@ def run(
         init = {k: v.detach().clone() for k, v in model.named_parameters()}
         state = checkpoint.RunState(config_hash=config_hash)
         state.server = algorithm.init_server(
-            init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0), cfg.seed)
+            init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0), cfg.seed, model)
         )
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
@@ -173,7 +173,7 @@ def _one_round(
     round_: int,
     cum_bits: int,
 ) -> tuple[dict[str, float | None], int]:
-    rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed)
+    rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, model)
     cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
     uplinks: list[Uplink] = []
     up_bits = down_bits = 0

@@ -1,0 +1,88 @@
+"""Group-structured messages: send the entries of kept groups plus one bit per group.
+
+Shared by the structured-sparsity algorithms (FedSparse, FedL1, ...). A group mask (one bool per
+group of a :class:`~fedcomm.models.groups.GroupSpec`) expands to an entry mask per member
+parameter; a message then carries the kept entries' values densely (``Dense``), in row-major
+order, and the receiver rebuilds the full tensors from the same mask. Who pays for the mask (a
+1-bit-per-group ``Mask`` entry, or nothing when both sides know it) is the algorithm's choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from fedcomm.comm.payload import Dense, Entry, Mask
+from fedcomm.models.groups import GroupSpec, expand_mask
+from fedcomm.types import Params
+
+
+def entry_masks(
+    specs: Sequence[GroupSpec], group_masks: Mapping[str, Tensor], params: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """Full-shape bool masks of every grouped parameter (ungrouped parameters are absent)."""
+    out: dict[str, Tensor] = {}
+    for spec in specs:
+        for name, m in expand_mask(spec, group_masks[spec.name].bool(), params).items():
+            out[name] = m.expand_as(params[name]).bool()  # (shape of the parameter)
+    return out
+
+
+def encode_groups(
+    params: Mapping[str, Tensor],
+    specs: Sequence[GroupSpec],
+    group_masks: Mapping[str, Tensor],
+    *,
+    send_masks: bool,
+    mask_over: Mapping[str, Tensor] | None = None,
+) -> dict[str, Entry]:
+    """Payload entries: ``w/<param>`` kept values of grouped parameters, ``w/<param>`` dense
+    for ungrouped ones, and (``send_masks``) ``mask/<spec>`` one bit per group.
+
+    ``mask_over`` restricts the sent mask bits to the groups where it is true (e.g. only the
+    surviving groups, when the receiver knows the rest are pruned).
+    """
+    masks = entry_masks(specs, group_masks, params)
+    entries: dict[str, Entry] = {}
+    for name, t in params.items():
+        values = t.detach()[masks[name]] if name in masks else t.detach()  # (kept,)
+        entries[f"w/{name}"] = Dense(values)
+    if send_masks:
+        for spec in specs:
+            bits = group_masks[spec.name].bool()
+            if mask_over is not None:
+                bits = bits[mask_over[spec.name].bool()]
+            entries[f"mask/{spec.name}"] = Mask(bits)
+    return entries
+
+
+def decode_groups(
+    decoded: Mapping[str, Tensor],
+    shapes: Mapping[str, Tensor],
+    specs: Sequence[GroupSpec],
+    group_masks: Mapping[str, Tensor],
+) -> Params:
+    """Rebuild full tensors (zeros outside kept groups) from :func:`encode_groups`' values.
+
+    ``shapes`` gives each parameter's shape and dtype (e.g. the receiver's own copy).
+    """
+    masks = entry_masks(specs, group_masks, shapes)
+    out: Params = {}
+    for name, ref in shapes.items():
+        values = decoded[f"w/{name}"]
+        if name not in masks:
+            out[name] = values.reshape(ref.shape)
+            continue
+        full = torch.zeros_like(ref)
+        full[masks[name]] = values
+        out[name] = full
+    return out
+
+
+def scatter_mask(bits: Tensor, over: Tensor) -> Tensor:
+    """Mask bits sent only for the groups where ``over`` is true, back to a full group mask."""
+    full = torch.zeros(over.shape, dtype=torch.bool)
+    full[over.bool()] = bits.bool()
+    return full

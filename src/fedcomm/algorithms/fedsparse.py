@@ -1,0 +1,313 @@
+"""FedSparse: federated spike-and-slab sparsity over groups, trained by hard EM.
+
+Louizos, Reisser, Soriaga, Welling, "An Expectation-Maximization Perspective on Federated
+Learning" (arXiv:2111.10192), Sections 3-3.2, Algorithms 1-2, Appendices A, G-I; implementation
+choices from ``specs/fedsparse-fedbiad.md`` §1.2-1.5.
+
+Gates per group g (conv filter; linear input feature; the output layer's inputs unless
+``prune_output: false``): ``θ_g = σ((‖w_g‖ − softplus(v_g))/T)`` on the server, and
+``π_sg = σ((sg‖w_sg‖ − softplus(v_sg))/T)`` on client s (norms detached).
+
+Client (one local epoch): minimise ``CE(w_s ⊙ z) + λ0 Σ_g |g| π_g
+− c_CE Σ_g [π_g log θ_g + (1 − π_g) log(1 − θ_g)] + (λ/2) Σ_g π_g ‖w_sg − w_g‖²`` with
+hard-concrete gates ``z`` (β = 2/3, γ = −0.1, ζ = 1.1; log α = logit π), SGD on ``w_s`` and
+Adamax on ``v_s``; then draw ``z_s ~ Bern(π_s)`` and upload ``z_s`` (1 bit per surviving group)
+and the weights of the groups with ``z = 1`` (plus ungated parameters).
+
+Server (Algorithm 1): ``g_w = mean_s z_s ⊙ (ŵ_s − w)`` -> Adam; ``g_v = mean_s −(z_s − θ) σ(v)/T``
+-> Adamax (lr 1e-2); then groups with ``θ ≤ prune_threshold`` are pruned for good (weights and
+Adam moments zeroed). Down: surviving weights, ``v`` of surviving groups, 1 bit per group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import ConfigDict, Field
+from torch import Tensor
+
+from fedcomm.algorithms import _local
+from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks, scatter_mask
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    FedAlgorithm,
+    RoundContext,
+    Uplink,
+    client_weights,
+    register,
+)
+from fedcomm.comm.payload import Dense, Payload
+from fedcomm.models.groups import GroupSpec, group_norms, group_sizes, groups
+from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adamax, apply_step
+from fedcomm.types import Params
+
+BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete (Louizos et al. 2018, the L0 paper)
+L0_SHIFT = -BETA * math.log(-GAMMA / ZETA)  # ≈ 1.599: P(z > 0) = σ(log α + L0_SHIFT)
+
+
+class Config(AlgorithmConfig):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: Literal["fedsparse"] = "fedsparse"
+    lambda0: float = Field(5e-6, ge=0, description="L0 cost per parameter of a kept group")
+    ce_scale: float = Field(1e-4, ge=0, description="c_CE: weight of the gate prior term")
+    lam: float = Field(0.0, ge=0, alias="lambda", description="drift λ (FedProx-like) on π")
+    T: float = Field(1e-3, gt=0, description="gate temperature")
+    init_theta: float = Field(0.99, gt=0, lt=1, description="initial gate probability θ")
+    prune_threshold: float = Field(0.1, ge=0, lt=1, description="server prunes θ ≤ this")
+    server_prune: bool = True
+    prune_output: bool = True
+    gate_lr: float = Field(1e-3, gt=0, description="client Adamax lr on v")
+    gate_server_lr: float = Field(1e-2, gt=0, description="server Adamax lr on v")
+    gate_mapping: Literal["logit_pi", "l0_shift"] = Field(
+        "logit_pi", description="log α = logit π (spec Rec), or logit π − 1.599 (Eq. 41)"
+    )
+    force_gates_on: bool = Field(False, description="ablation: z ≡ 1, no pruning")
+    weighting: Literal["uniform", "num_examples"] = "uniform"
+    server: ServerOptConfig = Field(
+        default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3)
+    )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: Params  # w; pruned groups are exactly zero
+    v: Params  # (count,) per group spec
+    alive: Params  # (count,) bool per group spec; pruned groups never come back
+    w_opt: OptState
+    v_opt: OptState
+    specs: tuple[GroupSpec, ...]
+
+
+def _softplus_inv(y: Tensor) -> Tensor:
+    return y + torch.log(-torch.expm1(-y))  # log(exp(y) − 1), stable
+
+
+def gate_logits(
+    params: Mapping[str, Tensor], v: Mapping[str, Tensor], spec: GroupSpec, T: float
+) -> Tensor:
+    """``(‖w_g‖ − softplus(v_g)) / T`` with the norm detached: logit θ (or logit π)."""
+    return (group_norms(params, spec).detach() - F.softplus(v[spec.name])) / T  # (count,)
+
+
+def hard_concrete(log_alpha: Tensor, u: Tensor) -> Tensor:
+    """Stretched, clamped binary-concrete sample in [0, 1] (Louizos et al. 2018, Eq. 10)."""
+    s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / BETA)
+    return torch.clamp(s * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
+
+
+def v_gradient(z: Sequence[Tensor], theta: Tensor, v: Tensor, T: float) -> Tensor:
+    """Closed-form ascent direction for v: ``mean_s −(z_s − θ) σ(v) / T`` (Algorithm 1)."""
+    return torch.stack([-(zs.float() - theta) * torch.sigmoid(v) / T for zs in z]).mean(0)
+
+
+def _specs(model: torch.nn.Module | None, cfg: Config) -> tuple[GroupSpec, ...]:
+    if model is None:
+        raise ValueError("fedsparse needs the model structure in the round context")
+    return tuple(s for s in groups(model) if cfg.prune_output or not s.is_output)
+
+
+def make(cfg: Config) -> FedAlgorithm:
+    w_opt: Transform = cfg.server.build()
+    v_opt: Transform = adamax(cfg.gate_server_lr)
+    shift = L0_SHIFT if cfg.gate_mapping == "l0_shift" else 0.0
+
+    def thetas(
+        params: Mapping[str, Tensor], v: Mapping[str, Tensor], specs: Sequence[GroupSpec]
+    ) -> Params:
+        return {s.name: torch.sigmoid(gate_logits(params, v, s, cfg.T)) for s in specs}
+
+    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+        specs = _specs(ctx.model, cfg)
+        logit0 = math.log(cfg.init_theta / (1 - cfg.init_theta))
+        v = {
+            s.name: _softplus_inv(
+                (group_norms(params, s) - cfg.T * logit0).clamp_min(1e-6)
+            ).detach()
+            for s in specs
+        }
+        alive = {s.name: torch.ones(s.count, dtype=torch.bool) for s in specs}
+        w = {k: t.detach().clone() for k, t in params.items()}
+        return ServerState(w, v, alive, w_opt.init(w), v_opt.init(v), specs)
+
+    def broadcast(state: ServerState, client_id: int, cstate: Any, ctx: RoundContext) -> Payload:
+        entries = encode_groups(state.params, state.specs, state.alive, send_masks=True)
+        for s in state.specs:  # v of the surviving groups only
+            entries[f"v/{s.name}"] = Dense(state.v[s.name][state.alive[s.name]])
+        return Payload(entries)
+
+    def client_update(
+        down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
+    ) -> ClientResult:
+        specs = _specs(ctx.model, cfg)
+        shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
+        alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}
+        w = decode_groups(down, shapes, specs, alive)
+        v = {
+            s.name: torch.zeros(s.count).masked_scatter(alive[s.name], down[f"v/{s.name}"])
+            for s in specs
+        }
+        theta = thetas(w, v, specs)  # held constant during the round
+        keep = entry_masks(specs, alive, w)
+        sizes = {s.name: group_sizes(s, w).float() for s in specs}
+        gate_keys = {s.name: f"gate.{s.name}" for s in specs}
+
+        def gates(full: Mapping[str, Tensor], spec: GroupSpec) -> Tensor:  # π_g
+            return torch.sigmoid(
+                gate_logits(full, {spec.name: full[gate_keys[spec.name]]}, spec, cfg.T)
+            )
+
+        def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # w_s ⊙ z
+            out = dict(full)
+            for s in specs:
+                if cfg.force_gates_on:
+                    break
+                log_alpha = gate_logits(full, {s.name: full[gate_keys[s.name]]}, s, cfg.T) - shift
+                u = torch.rand(s.count, generator=ctx.generator).clamp(1e-6, 1 - 1e-6)
+                z = hard_concrete(log_alpha, u) * alive[s.name]
+                for name, axis in s.members:
+                    shape = [1] * full[name].dim()
+                    shape[axis] = s.count
+                    out[name] = out[name] * z.reshape(shape)
+            return out
+
+        def penalties(full: Mapping[str, Tensor], loss: Tensor) -> Tensor:
+            total = loss
+            for s in specs:
+                pi, th = gates(full, s), theta[s.name].clamp(1e-6, 1 - 1e-6)
+                total = total + cfg.lambda0 * (sizes[s.name] * pi).sum()
+                total = total - cfg.ce_scale * (pi * th.log() + (1 - pi) * (1 - th).log()).sum()
+                if cfg.lam:
+                    drift = group_norms({n: full[n] - w[n] for n, _ in s.members}, s) ** 2
+                    total = total + 0.5 * cfg.lam * (pi * drift).sum()
+            return total
+
+        def keep_pruned(live: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {k: t * keep[k] if k in keep else t for k, t in live.items()}
+
+        start = {**w, **{gate_keys[s.name]: v[s.name] for s in specs}}
+        aux = _local.AuxAdamax(frozenset(gate_keys.values()), lr=cfg.gate_lr)
+        res = _local.local_sgd(
+            ctx.model,
+            start,
+            data,
+            ctx.local,
+            ctx.generator,
+            loss_hook=penalties,
+            post_step=keep_pruned,
+            param_map=forward_params,
+            aux=aux,
+        )
+        w_s = {k: res.params[k] for k in w}
+        pis = {s.name: gates(res.params, s).detach() for s in specs}
+        z = {s.name: _sample_z(pis[s.name], ctx.generator, cfg) & alive[s.name] for s in specs}
+        sent = entry_masks(specs, z, w_s)
+        uploaded = {k: t * sent[k] if k in sent else t for k, t in w_s.items()}  # ŵ_s = z_s ⊙ w_s
+        tv = torch.cat([(pis[s.name] - theta[s.name]).abs()[alive[s.name]] for s in specs])
+        n_alive = sum(int(a.sum()) for a in alive.values())
+        return ClientResult(
+            uplink=Payload(encode_groups(w_s, specs, z, send_masks=True, mask_over=alive)),
+            state=None,
+            local_params=uploaded,
+            num_examples=data.num_examples,
+            metrics={
+                "train/loss": res.loss,
+                "fedsparse/tv_mean": float(tv.mean()) if tv.numel() else 0.0,
+                "fedsparse/tv_max": float(tv.max()) if tv.numel() else 0.0,
+                "fedsparse/upload_fraction": sum(int(m.sum()) for m in z.values())
+                / max(1, n_alive),
+            },
+        )
+
+    def decode_upload(
+        state_like: Mapping[str, Tensor],
+        up: Mapping[str, Tensor],
+        specs: Sequence[GroupSpec],
+        alive: Mapping[str, Tensor],
+    ) -> tuple[Params, Params]:
+        z = {s.name: scatter_mask(up[f"mask/{s.name}"], alive[s.name]) for s in specs}
+        return decode_groups(up, state_like, specs, z), z
+
+    def server_update(
+        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+    ) -> ServerState:
+        weights = torch.tensor(client_weights(uplinks, cfg.weighting))
+        weights = weights / weights.sum()
+        theta = thetas(state.params, state.v, state.specs)
+        g_w = {k: torch.zeros_like(t) for k, t in state.params.items()}
+        zs: list[Params] = []
+        for u, wt in zip(uplinks, weights, strict=True):
+            w_hat, z = decode_upload(state.params, u.tensors, state.specs, state.alive)
+            zs.append(z)
+            kept = entry_masks(state.specs, z, state.params)
+            for k in g_w:  # z_s ⊙ (ŵ_s − w); ungated parameters are always sent
+                g_w[k] += wt * (w_hat[k] - state.params[k]) * kept.get(k, torch.ones(()))
+        step, w_opt_state = w_opt.update(g_w, state.w_opt)
+        params = apply_step(state.params, step)
+        g_v = {
+            s.name: v_gradient([z[s.name] for z in zs], theta[s.name], state.v[s.name], cfg.T)
+            * state.alive[s.name]
+            for s in state.specs
+        }
+        v_step, v_opt_state = v_opt.update(g_v, state.v_opt)
+        v = {k: state.v[k] + v_step[k] * state.alive[k] for k in state.v}
+        alive = dict(state.alive)
+        if cfg.server_prune and not cfg.force_gates_on:
+            new_theta = thetas(params, v, state.specs)
+            alive = {k: a & (new_theta[k] > cfg.prune_threshold) for k, a in alive.items()}
+        keep = entry_masks(state.specs, alive, params)
+        params = {k: t * keep[k] if k in keep else t for k, t in params.items()}
+        w_opt_state = _mask_moments(w_opt_state, keep)
+        return ServerState(params, v, alive, w_opt_state, v_opt_state, state.specs)
+
+    def server_metrics(state: ServerState) -> dict[str, float]:
+        alive = torch.cat([a.float() for a in state.alive.values()])
+        theta = torch.cat(list(thetas(state.params, state.v, state.specs).values()))
+        return {
+            "fedsparse/groups_alive": float(alive.mean()),
+            "fedsparse/theta_mean": float(theta.mean()),
+        }
+
+    return FedAlgorithm(
+        name=cfg.name,
+        config=cfg,
+        init_server=init_server,
+        init_client=lambda client_id: None,
+        broadcast=broadcast,
+        client_update=client_update,
+        server_update=server_update,
+        global_params=lambda s: s.params,
+        server_metrics=server_metrics,
+    )
+
+
+def _sample_z(pi: Tensor, generator: torch.Generator, cfg: Config) -> Tensor:
+    """Exact binary upload gates ``z ~ Bern(π)`` (all ones when gates are forced on)."""
+    if cfg.force_gates_on:
+        return torch.ones(pi.shape, dtype=torch.bool)
+    return torch.bernoulli(pi, generator=generator).bool()
+
+
+def _mask_moments(state: Any, keep: Mapping[str, Tensor]) -> Any:
+    """Zero optimizer moments of pruned entries (spec §1.4 Rec) in any nested opt state."""
+    if isinstance(state, dict):
+        return {
+            k: t * keep[k] if k in keep and isinstance(t, Tensor) else _mask_moments(t, keep)
+            for k, t in state.items()
+        }
+    if isinstance(state, tuple):
+        return tuple(_mask_moments(s, keep) for s in state)
+    return state
+
+
+@register(Config)
+def build(cfg: Config) -> FedAlgorithm:
+    return make(cfg)

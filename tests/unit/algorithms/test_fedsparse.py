@@ -1,0 +1,160 @@
+"""FedSparse against the spec (specs/fedsparse-fedbiad.md §1.2-1.5, test list at the end)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedcomm.algorithms import build_algorithm, fedavg, fedsparse
+from fedcomm.algorithms._grouped import encode_groups
+from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.base import RoundContext
+from fedcomm.comm.codecs import build_compressor
+from fedcomm.comm.payload import Payload
+from fedcomm.data.datasets import load_dataset
+from fedcomm.data.federated import PartitionSpec, make_partition
+from fedcomm.models import build_model, groups
+from fedcomm.server_opt import ServerOptConfig
+from fedcomm.simulation import loop
+from fedcomm.simulation.data import FederatedTensors
+from fedcomm.sparse_io import save_sparse
+
+
+@pytest.fixture(scope="module")
+def fed() -> FederatedTensors:
+    ds = load_dataset("digits")
+    part = make_partition(ds, PartitionSpec("iid", 6, {}, 0.2, 0))
+    return FederatedTensors.build(ds, part.train, part.test)
+
+
+def _model(fed: FederatedTensors, hidden: int = 16) -> nn.Module:
+    torch.manual_seed(0)
+    return build_model(
+        "mlp", input_shape=fed.input_shape, num_classes=fed.num_classes, hidden=[hidden]
+    )
+
+
+def _run(fed: FederatedTensors, cfg: object, rounds: int = 3, lr: float = 0.05) -> loop.RunResult:
+    lc = loop.LoopConfig(
+        rounds=rounds, clients_per_round=3, local=LocalConfig(batch_size=16, lr=lr), seed=1
+    )
+    alg = build_algorithm(cfg)  # type: ignore[arg-type]
+    return loop.run(lc, alg, _model(fed), fed, build_compressor("none"), config_hash="t")
+
+
+def test_hard_concrete_range_and_closed_form_probability() -> None:
+    g = torch.Generator().manual_seed(0)
+    for log_alpha in (-3.0, -1.0, 0.0, 2.0):
+        u = torch.rand(200_000, generator=g).clamp(1e-6, 1 - 1e-6)
+        z = fedsparse.hard_concrete(torch.full_like(u, log_alpha), u)
+        assert float(z.min()) >= 0.0 and float(z.max()) <= 1.0
+        expected = torch.sigmoid(torch.tensor(log_alpha + fedsparse.L0_SHIFT)).item()
+        assert float((z > 0).float().mean()) == pytest.approx(expected, abs=5e-3)
+    assert pytest.approx(1.599, abs=1e-3) == fedsparse.L0_SHIFT
+
+
+def test_closed_form_v_gradient_equals_autograd() -> None:
+    g = torch.Generator().manual_seed(1)
+    T = 0.5  # unsaturated gates, so autograd's logs stay finite
+    norms, v = torch.rand(7, generator=g) + 0.5, torch.randn(7, generator=g)
+    zs = [torch.rand(7, generator=g) > 0.5 for _ in range(4)]
+    v_leaf = v.clone().requires_grad_(True)
+    theta = torch.sigmoid((norms - nn.functional.softplus(v_leaf)) / T)
+    objective = torch.stack(
+        [(z * theta.log() + (~z) * (1 - theta).log()).sum() for z in zs]
+    ).mean()  # mean_s Σ_g z log θ + (1 − z) log(1 − θ), an ascent objective
+    (auto,) = torch.autograd.grad(objective, v_leaf)
+    closed = fedsparse.v_gradient(zs, theta.detach(), v, T)
+    torch.testing.assert_close(closed, auto, rtol=1e-5, atol=1e-6)
+
+
+def test_all_gates_on_reduces_to_fedavg_with_server_adam(fed: FederatedTensors) -> None:
+    sparse = fedsparse.Config(lambda0=0.0, ce_scale=0.0, force_gates_on=True)
+    avg = fedavg.Config(weighting="uniform", server=ServerOptConfig(optimizer="adam", lr=1e-3))
+    a, b = _run(fed, sparse), _run(fed, avg)
+    for k in a.final_params:
+        torch.testing.assert_close(a.final_params[k], b.final_params[k], rtol=1e-5, atol=1e-7)
+    acc = [r["global/accuracy"] for r in a.state.round_rows]
+    assert acc == [r["global/accuracy"] for r in b.state.round_rows]
+    # same content, but FedSparse also pays 1 bit per group each way and v downstream
+    assert a.ledger.frame()["payload_bits"].sum() > b.ledger.frame()["payload_bits"].sum()
+
+
+def test_pruned_groups_never_come_back(fed: FederatedTensors) -> None:
+    import dataclasses
+
+    cfg = fedsparse.Config(lambda0=2e-3, ce_scale=1e-4, gate_lr=0.05, gate_server_lr=0.1)
+    alg = build_algorithm(cfg)
+    history: list[fedsparse.ServerState] = []
+
+    def recording(state, uplinks, ctx):  # type: ignore[no-untyped-def]
+        new = alg.server_update(state, uplinks, ctx)
+        history.append(new)
+        return new
+
+    lc = loop.LoopConfig(rounds=8, clients_per_round=3, local=LocalConfig(batch_size=16), seed=2)
+    alg_rec = dataclasses.replace(alg, server_update=recording)
+    loop.run(lc, alg_rec, _model(fed), fed, build_compressor("none"), config_hash="p")
+    pruned_any = False
+    for before, after in itertools.pairwise(history):
+        for k in before.alive:
+            assert not bool((after.alive[k] & ~before.alive[k]).any())  # nothing revives
+            pruned_any |= bool((~after.alive[k]).any())
+    assert pruned_any, "lambda0 this high must prune something within 8 rounds"
+    for state in history:  # pruned groups are exactly zero, every round
+        for spec in state.specs:
+            dead = ~state.alive[spec.name]
+            for name, axis in spec.members:
+                assert torch.all(state.params[name].movedim(axis, 0)[dead] == 0)
+
+
+def test_counting_rule_on_a_hand_sized_model() -> None:
+    # mlp 4 -> 3 -> 2. Groups: fc1 input features (4; weight 3x4), fc2 input features (3; weight
+    # 2x3); biases ungated (3 + 2). Surviving: fc1 [1,1,0,1], fc2 [1,0,1].
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(4,), num_classes=2, hidden=[3])
+    alg = build_algorithm(fedsparse.Config())
+    params = {k: p.detach().clone() for k, p in model.named_parameters()}
+    state = alg.init_server(params, RoundContext(0, torch.Generator(), 0, model))
+    alive = {"fc1": torch.tensor([1, 1, 0, 1]).bool(), "fc2": torch.tensor([1, 0, 1]).bool()}
+    state = fedsparse.ServerState(
+        state.params, state.v, alive, state.w_opt, state.v_opt, state.specs
+    )
+    down = alg.broadcast(state, 0, None, RoundContext(1, torch.Generator(), 0, model)).nbits()
+    # down: 32 x surviving params (fc1.w 3x3 + fc1.b 3 + fc2.w 2x2 + fc2.b 2 = 18)
+    #       + 32 x surviving groups (v: 3 + 2) + 1 bit per group (4 + 3)  = 576 + 160 + 7
+    assert (down.payload, down.index, down.meta) == (576 + 160 + 7, 0, 0)
+    # up: z over surviving groups, fc1 -> [1,0,_,1], fc2 -> [1,_,0]: 1 bit per surviving group (5)
+    #     + 32 x (fc1.w 3x2 + fc2.w 2x1 + biases 3 + 2 = 13)                 = 5 + 416
+    z = {"fc1": torch.tensor([1, 0, 0, 1]).bool(), "fc2": torch.tensor([1, 0, 0]).bool()}
+    specs = list(groups(model))
+    up = Payload(encode_groups(params, specs, z, send_masks=True, mask_over=alive)).nbits()
+    assert up.total == 5 + 416
+
+
+def test_metrics_and_sparse_model_file(fed: FederatedTensors, tmp_path: object) -> None:
+    from pathlib import Path
+
+    cfg = fedsparse.Config(lambda0=3e-3, gate_lr=0.05, gate_server_lr=0.1)
+    res = _run(fed, cfg, rounds=10, lr=0.1)
+    last = res.state.round_rows[-1]
+    for key in (
+        "fedsparse/tv_mean",
+        "fedsparse/tv_max",
+        "fedsparse/groups_alive",
+        "model/sparsity",
+    ):
+        assert key in last
+    assert 0.0 <= last["fedsparse/tv_mean"] <= last["fedsparse/tv_max"] <= 1.0
+    sparsity = last["model/sparsity"]
+    assert sparsity > 0.2
+    out = Path(str(tmp_path))
+    save_sparse(res.final_params, out / "sparse.safetensors")
+    save_sparse({k: v + 1.0 for k, v in res.final_params.items()}, out / "dense.safetensors")
+    ratio = (out / "sparse.safetensors").stat().st_size / (out / "dense.safetensors").stat().st_size
+    assert ratio < 1 - 0.5 * sparsity  # smaller by roughly the sparsity (plus index overhead)
+    assert math.isfinite(last["global/accuracy"])
