@@ -1,0 +1,152 @@
+"""FedL1: FedAvg with a local group-L1 penalty and hard-thresholded messages.
+
+Louizos et al., "An Expectation-Maximization Perspective on Federated Learning", Appendix A,
+Eqs. 24-25 (spec §1.6); group L1 after Wen et al., "Learning Structured Sparsity in Deep Neural
+Networks", NeurIPS 2016. Groups are FedSparse's (:func:`fedcomm.models.groups.groups`): conv
+output filters and linear input features (the output layer's too, unless ``prune_output`` is
+off); other parameters (FC biases) are always sent.
+
+* local loss: ``mean CE + λ Σ_g ‖w_g‖₂``;
+* before every message, both ways: ``ŵ_g = w_g · 1[‖w_g‖₂ > λ]`` (hard threshold; the paper found
+  soft thresholding worse), sent as the kept groups' values (32 bits each), one bit per group and
+  the ungrouped parameters densely;
+* server: ``w ← w + server_opt(mean_s(ŵ_s − w))`` (Adam, lr 1e-3) on its unthresholded ``w``; the
+  broadcast and the evaluated global model are the pruned ``ŵ``. ``λ = 0`` is FedAvg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from fedcomm.algorithms import _local
+from fedcomm.algorithms._grouped import decode_groups, encode_groups
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    FedAlgorithm,
+    RoundContext,
+    Uplink,
+    client_weights,
+    clone_params,
+    register,
+    subtract,
+    weighted_mean,
+)
+from fedcomm.comm.payload import Payload
+from fedcomm.models.groups import GroupSpec, apply_mask, group_norms, groups
+from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
+from fedcomm.types import Params
+
+
+class Config(AlgorithmConfig):
+    name: Literal["fedl1"] = "fedl1"
+    server: ServerOptConfig = Field(
+        default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3)
+    )
+    threshold: float = Field(2e-3, ge=0, description="λ: group-L1 coefficient and hard threshold")
+    prune_output: bool = True
+    weighting: Literal["num_examples", "uniform"] = "num_examples"
+
+
+def group_specs(model: nn.Module | None, prune_output: bool) -> tuple[GroupSpec, ...]:
+    """FedSparse's groups of ``model``, without the output layer's unless ``prune_output``."""
+    if model is None:
+        raise ValueError("fedl1 needs the model structure in the round context")
+    return tuple(s for s in groups(model) if prune_output or not s.is_output)
+
+
+def group_l1(specs: Sequence[GroupSpec], lam: float) -> _local.LossHook:
+    """``loss ↦ loss + λ Σ_g ‖w_g‖₂`` (gradient ``λ w_g / ‖w_g‖`` off zero groups)."""
+
+    def hook(params: Mapping[str, Tensor], loss: Tensor) -> Tensor:
+        return loss + lam * sum(group_norms(params, s).sum() for s in specs)
+
+    return hook
+
+
+def hard_threshold(
+    params: Mapping[str, Tensor], specs: Sequence[GroupSpec], lam: float
+) -> tuple[Params, dict[str, Tensor]]:
+    """``(ŵ, keep)``: groups with ``‖w_g‖₂ <= λ`` zeroed; ``keep`` is ``(count,)`` bool per spec."""
+    keep = {s.name: group_norms(params, s) > lam for s in specs}
+    return apply_mask(params, specs, keep), keep
+
+
+def encode(
+    params: Mapping[str, Tensor], keep: Mapping[str, Tensor], specs: Sequence[GroupSpec]
+) -> Payload:
+    """Kept groups' values (32 bits each), one bit per group, ungrouped parameters densely."""
+    return Payload(encode_groups(params, specs, keep, send_masks=True))
+
+
+def decode(
+    decoded: Mapping[str, Tensor], shapes: Mapping[str, Tensor], specs: Sequence[GroupSpec]
+) -> Params:
+    """Inverse of :func:`encode` (``shapes``: the receiver's own parameters)."""
+    return decode_groups(decoded, shapes, specs, {s.name: decoded[f"mask/{s.name}"] for s in specs})
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: Params  # unthresholded; messages and the global model are thresholded
+    opt_state: OptState
+    specs: tuple[GroupSpec, ...]
+
+
+@register(Config)
+def build(cfg: Config) -> FedAlgorithm:
+    opt = cfg.server.build()
+    lam = cfg.threshold
+
+    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+        specs = group_specs(ctx.model, cfg.prune_output)
+        return ServerState(clone_params(params), opt.init(params), specs)
+
+    def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
+        return encode(*hard_threshold(state.params, state.specs, lam), state.specs)
+
+    def client_update(
+        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
+    ) -> ClientResult:
+        specs = group_specs(ctx.model, cfg.prune_output)
+        shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
+        hook = group_l1(specs, lam) if lam > 0 else None
+        start = decode(down, shapes, specs)
+        res = _local.local_sgd(ctx.model, start, data, ctx.local, ctx.generator, loss_hook=hook)
+        sparse, keep = hard_threshold(res.params, specs, lam)
+        kept = torch.cat(list(keep.values())).float().mean() if keep else torch.ones(())
+        return ClientResult(
+            uplink=encode(sparse, keep, specs),
+            state=None,
+            local_params=sparse,
+            num_examples=data.num_examples,
+            metrics={"train/loss": res.loss, "fedl1/kept_groups": float(kept)},
+        )
+
+    def server_update(
+        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+    ) -> ServerState:
+        ups = [decode(u.tensors, state.params, state.specs) for u in uplinks]
+        deltas = [subtract(up, state.params) for up in ups]
+        delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
+        step, opt_state = opt.update(delta, state.opt_state)
+        return ServerState(apply_step(state.params, step), opt_state, state.specs)
+
+    return FedAlgorithm(
+        name=cfg.name,
+        config=cfg,
+        init_server=init_server,
+        init_client=lambda client_id: None,
+        broadcast=broadcast,
+        client_update=client_update,
+        server_update=server_update,
+        global_params=lambda s: hard_threshold(s.params, s.specs, lam)[0],
+    )
