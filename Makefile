@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv repro test test-fast lint typecheck check bench clean
+.PHONY: help venv repro reproduce test test-fast lint typecheck check bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,6 +24,17 @@ venv: $(STAMP)  ## create .venv and install fedcomm with its dev tools
 
 repro: $(STAMP)  ## run the default experiment (dvc repro) -> reports/summary.md
 	$(BIN)/dvc repro
+
+NAME ?= fedsparse_mnist
+reproduce: $(STAMP)  ## run pipeline/reproductions/$(NAME).yaml as its own DVC pipeline in build/$(NAME)/
+	rm -rf build/$(NAME) && mkdir -p build/$(NAME)/.dvc
+	cp -r dvc.yaml stages pipeline src .dvcignore build/$(NAME)/
+	cp .dvc/config build/$(NAME)/.dvc/config
+	cp pipeline/reproductions/$(NAME).yaml build/$(NAME)/params.yaml
+	cd build/$(NAME) && git init -q && git add -A && \
+	  git -c user.email=repro@fedcomm -c user.name=fedcomm commit -qm "$(NAME)" && \
+	  FEDCOMM_PROJECT_ROOT=$(CURDIR) dvc repro
+	@echo "report: build/$(NAME)/reports/summary.md (MLflow: $(CURDIR)/mlflow.db)"
 
 test: $(STAMP)  ## the whole test suite (unit, contract, pipeline; slow tests included)
 	$(BIN)/python -m pytest -q
