@@ -33,7 +33,7 @@ reproduce: $(STAMP)  ## run pipeline/reproductions/$(NAME).yaml as its own DVC p
 	cp pipeline/reproductions/$(NAME).yaml build/$(NAME)/params.yaml
 	cd build/$(NAME) && git init -q && git add -A && \
 	  git -c user.email=repro@fedcomm -c user.name=fedcomm commit -qm "$(NAME)" && \
-	  FEDCOMM_PROJECT_ROOT=$(CURDIR) dvc repro
+	  PYTHONPATH=$(CURDIR)/build/$(NAME)/src FEDCOMM_PROJECT_ROOT=$(CURDIR) dvc repro
 	@echo "report: build/$(NAME)/reports/summary.md (MLflow: $(CURDIR)/mlflow.db)"
 
 test: $(STAMP)  ## the whole test suite (unit, contract, pipeline; slow tests included)
