@@ -80,7 +80,11 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
         run_metrics["final"]["global/accuracy"]
     )
     # one MLflow run per (algorithm, seed), finished, with the per-round curves and artifacts
-    assert _runs(repo) == [("fedadam-s0", "FINISHED", ""), ("fedavg-s0", "FINISHED", "")]
+    assert _runs(repo) == [
+        ("fedadam-s0", "FINISHED", ""),
+        ("fedavg-s0", "FINISHED", ""),
+        ("fedsparse-s0", "FINISHED", ""),
+    ]
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tiny")
     assert exp is not None
@@ -126,7 +130,11 @@ def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
         time.sleep(3)
     assert "Success" in _sh(repo, "dvc", "queue", "status")
     names = [r for r in _runs(repo) if r[2] == "queued-exp"]
-    assert [(n, s) for n, s, _ in names] == [("fedadam-s0", "FINISHED"), ("fedavg-s0", "FINISHED")]
+    assert [(n, s) for n, s, _ in names] == [
+        ("fedadam-s0", "FINISHED"),
+        ("fedavg-s0", "FINISHED"),
+        ("fedsparse-s0", "FINISHED"),
+    ]
     strays = [p for p in (repo / ".dvc").rglob("mlflow.db")] + list(
         (repo / ".dvc").rglob("mlartifacts")
     )

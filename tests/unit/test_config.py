@@ -21,7 +21,13 @@ def _error(**overrides: object) -> str:
 
 
 def test_repository_params_and_profiles_validate() -> None:
-    for path in [REPO / "params.yaml", *sorted((REPO / "pipeline" / "profiles").glob("*.yaml"))]:
+    pipeline = REPO / "pipeline"
+    files = [
+        *sorted((pipeline / "profiles").glob("*.yaml")),
+        *sorted((pipeline / "reproductions").glob("*.yaml")),
+    ]
+    assert len(files) >= 3
+    for path in [REPO / "params.yaml", *files]:
         load_params(path)
 
 
