@@ -24,6 +24,7 @@ Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -98,12 +99,16 @@ def validate_model(model: nn.Module) -> None:
 def drop_counts(
     layers: Sequence[GroupSpec], conv_rate: float, fc_rate: float, drop_output: bool
 ) -> dict[str, int]:
-    """Units dropped per layer: ``round(rate·count)``, keeping at least one unit."""
+    """Units dropped per layer: ``floor(rate·count + 1/2)``, keeping at least one unit.
+
+    Every conv layer's filters and every hidden FC layer's units are dropped (Caldas et al.
+    2018); the network's input features are never dropped, the output layer only with
+    ``drop_output``."""
     counts = {}
     for s in layers:
         rate = conv_rate if s.kind == "filter" else fc_rate
         rate = 0.0 if s.is_output and not drop_output else rate
-        counts[s.name] = min(round(rate * s.count), s.count - 1)
+        counts[s.name] = min(math.floor(rate * s.count + 0.5), s.count - 1)
     return counts
 
 
@@ -146,7 +151,7 @@ class Config(AlgorithmConfig):
     fc_rate: float = Field(0.5, ge=0, lt=1, description="fraction of hidden FC units dropped")
     drop_output: bool = False
     aggregate: Literal["held", "all"] = "held"
-    weighting: Literal["num_examples", "uniform"] = "num_examples"
+    weighting: Literal["uniform", "num_examples"] = "uniform"  # the paper: plain mean
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class Config(AlgorithmConfig):
     )
     threshold: float = Field(2e-3, ge=0, description="λ: group-L1 coefficient and hard threshold")
     prune_output: bool = True
-    weighting: Literal["num_examples", "uniform"] = "num_examples"
+    weighting: Literal["uniform", "num_examples"] = "uniform"  # the paper: mean(ŵ_s − w)
 
 
 def group_specs(model: nn.Module | None, prune_output: bool) -> tuple[GroupSpec, ...]:

@@ -17,6 +17,15 @@ and the weights of the groups with ``z = 1`` (plus ungated parameters).
 Server (Algorithm 1): ``g_w = mean_s z_s ⊙ (ŵ_s − w)`` -> Adam; ``g_v = mean_s −(z_s − θ) σ(v)/T``
 -> Adamax (lr 1e-2); then groups with ``θ ≤ prune_threshold`` are pruned for good (weights and
 Adam moments zeroed). Down: surviving weights, ``v`` of surviving groups, 1 bit per group.
+
+Choices (spec [AMB] recommendations are the defaults): mean cross-entropy as the likelihood
+term; ``log α = logit π`` (``gate_mapping: l0_shift`` subtracts 1.599, Eq. 41); the plain mean
+over the sampled clients on the server (``weighting``). ``server_prune: false`` is the paper's
+no-pruning ablation: nothing is pruned, so the dense server model is evaluated and sent. The
+TV metrics (``fedsparse/tv_mean``, ``tv_max``: |π_sg − θ_g|, π at upload, θ at round start)
+are taken over the round's clients and the *surviving* groups (pruned groups have TV ≈ 0 and
+would only dilute the mean). A group whose initial norm is below ``T·logit(init_theta)``
+(≈ 4.6e-3) cannot start at ``init_theta``; its ``v`` is clamped (θ between 0.5 and 0.99).
 """
 
 from __future__ import annotations
@@ -104,9 +113,14 @@ def hard_concrete(log_alpha: Tensor, u: Tensor) -> Tensor:
     return torch.clamp(s * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
 
 
-def v_gradient(z: Sequence[Tensor], theta: Tensor, v: Tensor, T: float) -> Tensor:
-    """Closed-form ascent direction for v: ``mean_s −(z_s − θ) σ(v) / T`` (Algorithm 1)."""
-    return torch.stack([-(zs.float() - theta) * torch.sigmoid(v) / T for zs in z]).mean(0)
+def v_gradient(
+    z: Sequence[Tensor], theta: Tensor, v: Tensor, T: float, weights: Tensor | None = None
+) -> Tensor:
+    """Closed-form ascent direction for v: ``Σ_s p_s · −(z_s − θ) σ(v) / T`` (Algorithm 1) with
+    client weights ``p_s`` summing to 1 (default: the plain mean over clients)."""
+    per_client = torch.stack([-(zs.float() - theta) * torch.sigmoid(v) / T for zs in z])
+    p = torch.full((len(z),), 1 / len(z)) if weights is None else weights
+    return (p.reshape(-1, 1) * per_client).sum(0)
 
 
 def _specs(model: torch.nn.Module | None, cfg: Config) -> tuple[GroupSpec, ...]:
@@ -253,7 +267,9 @@ def make(cfg: Config) -> FedAlgorithm:
         step, w_opt_state = w_opt.update(g_w, state.w_opt)
         params = apply_step(state.params, step)
         g_v = {
-            s.name: v_gradient([z[s.name] for z in zs], theta[s.name], state.v[s.name], cfg.T)
+            s.name: v_gradient(
+                [z[s.name] for z in zs], theta[s.name], state.v[s.name], cfg.T, weights
+            )
             * state.alive[s.name]
             for s in state.specs
         }

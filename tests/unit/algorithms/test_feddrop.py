@@ -164,7 +164,7 @@ def test_aggregate_held_and_all_by_hand() -> None:
 def test_no_dropout_equals_fedavg_with_server_adam(fed: FederatedTensors) -> None:
     adam = ServerOptConfig(optimizer="adam", lr=1e-3)
     drop = _run(fed, feddrop.Config(conv_rate=0.0, fc_rate=0.0), _mlp([16]))
-    avg = _run(fed, fedavg.Config(server=adam), _mlp([16]))
+    avg = _run(fed, fedavg.Config(weighting="uniform", server=adam), _mlp([16]))
     assert all(torch.equal(drop.final_params[k], avg.final_params[k]) for k in avg.final_params)
     assert drop.ledger.rows == avg.ledger.rows
     for a, b in zip(drop.state.round_rows, avg.state.round_rows, strict=True):

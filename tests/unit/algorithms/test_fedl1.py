@@ -118,7 +118,8 @@ def test_messages_cost_32_bits_per_kept_group_parameter_plus_a_bit_per_group(
 
 def test_threshold_zero_equals_fedavg_with_server_adam(fed: FederatedTensors) -> None:
     l1 = _run(fed, fedl1.Config(threshold=0.0))
-    avg = _run(fed, fedavg.Config(server=ServerOptConfig(optimizer="adam", lr=1e-3)))
+    adam = ServerOptConfig(optimizer="adam", lr=1e-3)
+    avg = _run(fed, fedavg.Config(weighting="uniform", server=adam))
     assert all(torch.equal(l1.final_params[k], avg.final_params[k]) for k in avg.final_params)
     for a, b in zip(l1.state.round_rows, avg.state.round_rows, strict=True):
         assert a["global/accuracy"] == b["global/accuracy"]

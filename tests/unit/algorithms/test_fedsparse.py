@@ -158,3 +158,56 @@ def test_metrics_and_sparse_model_file(fed: FederatedTensors, tmp_path: object) 
     ratio = (out / "sparse.safetensors").stat().st_size / (out / "dense.safetensors").stat().st_size
     assert ratio < 1 - 0.5 * sparsity  # smaller by roughly the sparsity (plus index overhead)
     assert math.isfinite(last["global/accuracy"])
+
+
+def _hand_model() -> tuple[nn.Module, object, fedsparse.ServerState]:
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(4,), num_classes=2, hidden=[3])
+    alg = build_algorithm(fedsparse.Config(force_gates_on=False))
+    params = {k: p.detach().clone() + 0.5 for k, p in model.named_parameters()}
+    return model, alg, alg.init_server(params, RoundContext(0, torch.Generator(), 0, model))
+
+
+def test_initial_theta_and_server_gate_direction() -> None:
+    from fedcomm.algorithms.base import Uplink
+
+    model, alg, state = _hand_model()
+    theta = {
+        s.name: torch.sigmoid(fedsparse.gate_logits(state.params, state.v, s, 1e-3))
+        for s in state.specs
+    }
+    for t in theta.values():
+        torch.testing.assert_close(t, torch.full_like(t, 0.99), rtol=0, atol=1e-3)
+    ctx = RoundContext(1, torch.Generator(), 0, model)
+    for z_on, direction in ((True, 1.0), (False, -1.0)):
+        z = {s.name: torch.full((s.count,), z_on) for s in state.specs}
+        up = Payload(encode_groups(state.params, list(state.specs), z, send_masks=True)).decode()
+        new = alg.server_update(state, [Uplink(0, 5, up), Uplink(1, 5, up)], ctx)
+        for s in state.specs:  # z = 1 everywhere raises θ (v goes down); z = 0 lowers it
+            assert torch.all(direction * (state.v[s.name] - new.v[s.name]) > 0)
+
+
+def test_client_upload_is_counted_and_is_z_times_w(fed: FederatedTensors) -> None:
+    from fedcomm.algorithms.base import ClientContext
+
+    model = _model(fed, hidden=8)
+    alg = build_algorithm(fedsparse.Config())
+    params = {k: p.detach().clone() for k, p in model.named_parameters()}
+    state = alg.init_server(params, RoundContext(0, torch.Generator(), 0, model))
+    down = alg.broadcast(state, 0, None, RoundContext(1, torch.Generator(), 0, model))
+    ctx = ClientContext(
+        1, 0, model, LocalConfig(batch_size=16), torch.Generator().manual_seed(3), 0
+    )
+    res = alg.client_update(down.decode(), None, fed.train[0], ctx)
+    up = res.uplink
+    n_groups = sum(s.count for s in state.specs)
+    assert not any(k.startswith("v/") for k in up)  # clients never upload v
+    assert sum(int(up[f"mask/{s.name}"].decode().numel()) for s in state.specs) == n_groups
+    kept_values = sum(up[k].decode().numel() for k in up if k.startswith("w/"))
+    assert up.nbits().total == n_groups + 32 * kept_values
+    nonzero = sum(int(torch.count_nonzero(t)) for t in res.local_params.values())
+    assert nonzero <= kept_values  # ŵ_s = z_s ⊙ w_s: exactly what was sent (zeros aside)
+    for s in state.specs:  # every dropped group of the upload is zero in the local model
+        z = up[f"mask/{s.name}"].decode().bool()
+        for name, axis in s.members:
+            assert torch.all(res.local_params[name].movedim(axis, 0)[~z] == 0)
