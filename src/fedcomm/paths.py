@@ -13,7 +13,7 @@ def project_root(start: Path | None = None) -> Path:
 
     ``$FEDCOMM_PROJECT_ROOT`` wins. Otherwise the nearest ancestor of ``start`` (default: the
     working directory) holding ``dvc.yaml`` or ``params.yaml``, except that a DVC experiment
-    running in a temporary copy (``<root>/.dvc/tmp/exps/...``) maps back to ``<root>``, so
+    running in a temporary copy (DVC keeps those inside ``<root>/.dvc``) maps back to ``<root>``, so
     shared stores (MLflow, Optuna) are the workspace's.
     """
     env = os.environ.get(ROOT_ENV)

@@ -17,22 +17,17 @@ import torch
 from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import load_dataset
-from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.models import build_model
 from fedcomm.simulation import checkpoint, loop
 from fedcomm.simulation.data import FederatedTensors
+from tests.conftest import digits_federation
 
 TIME_KEYS = ("time/",)
 
 
 @pytest.fixture(scope="module")
 def fed() -> FederatedTensors:
-    ds = load_dataset("digits")
-    part = make_partition(
-        ds, PartitionSpec("dirichlet", 6, {"alpha": 1.0, "min_partition_size": 20}, 0.2, 0)
-    )
-    return FederatedTensors.build(ds, part.train, part.test)
+    return digits_federation(6)
 
 
 def _model(fed: FederatedTensors) -> torch.nn.Module:

@@ -3,7 +3,7 @@
 One MLflow run per (algorithm run, seed). The store defaults to SQLite at an *absolute* path
 under the project root (``sqlite:////<root>/mlflow.db``) and artifacts to ``<root>/mlartifacts``,
 so experiments queued with ``dvc exp run --queue`` (which execute in a temporary copy of the
-repository under ``.dvc/tmp/exps``) log into the same store as the workspace.
+repository inside its ``.dvc`` folder) log into the same store as the workspace.
 """
 
 from __future__ import annotations

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from pydantic import ValidationError
+from tests.conftest import digits_federation
 from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, fedavg, fedavg_laplace
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import ClientContext, ClientData, RoundContext, Uplink
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import load_dataset
-from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.models import build_model
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.simulation import loop
@@ -122,11 +121,7 @@ def test_config_rejects_negative_lambda() -> None:
 
 @pytest.fixture(scope="module")
 def fed() -> FederatedTensors:
-    ds = load_dataset("digits")
-    part = make_partition(
-        ds, PartitionSpec("dirichlet", 4, {"alpha": 1.0, "min_partition_size": 20}, 0.2, 0)
-    )
-    return FederatedTensors.build(ds, part.train, part.test)
+    return digits_federation(4)
 
 
 @pytest.mark.parametrize("rule", ["median", "gradient"])

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from pydantic import ValidationError
+from tests.conftest import digits_federation
 from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, fedavg_mog, fedprox
@@ -20,8 +21,6 @@ from fedcomm.algorithms.base import (
     split_members,
 )
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import load_dataset
-from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.models import build_model
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.simulation import loop
@@ -144,11 +143,7 @@ def test_config_requires_positive_lambda_and_components() -> None:
 
 @pytest.fixture(scope="module")
 def fed() -> FederatedTensors:
-    ds = load_dataset("digits")
-    part = make_partition(
-        ds, PartitionSpec("dirichlet", 4, {"alpha": 1.0, "min_partition_size": 20}, 0.2, 0)
-    )
-    return FederatedTensors.build(ds, part.train, part.test)
+    return digits_federation(4)
 
 
 def _run(fed: FederatedTensors, cfg: object) -> tuple[loop.RunResult, int]:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.conftest import digits_federation
 from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, fedavg, fedl1
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import AlgorithmConfig, ClientContext, RoundContext
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import load_dataset
-from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.models import build_model, groups
 from fedcomm.models.groups import group_norms
 from fedcomm.server_opt import ServerOptConfig
@@ -23,11 +22,7 @@ from fedcomm.simulation.data import FederatedTensors
 
 @pytest.fixture(scope="module")
 def fed() -> FederatedTensors:
-    ds = load_dataset("digits")
-    part = make_partition(
-        ds, PartitionSpec("dirichlet", 6, {"alpha": 1.0, "min_partition_size": 20}, 0.2, 0)
-    )
-    return FederatedTensors.build(ds, part.train, part.test)
+    return digits_federation(6)
 
 
 def _hand_model() -> tuple[nn.Module, dict[str, Tensor]]:
