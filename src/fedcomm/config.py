@@ -162,6 +162,15 @@ class SizePartition(_Partition):
         return self
 
 
+class LabelCyclePartition(_Partition):
+    """pFedBayes / FedBIAD Table I scheme: client k holds labels (k·n_l + j) mod C, j < n_l."""
+
+    kind: Literal["label_cycle"] = "label_cycle"
+    num_partitions: int = Field(ge=1)
+    labels_per_partition: int = Field(5, ge=1)
+    shuffle: bool = True
+
+
 class NaturalIdPartition(_Partition):
     kind: Literal["natural_id"] = "natural_id"
     num_partitions: int | None = Field(None, ge=1, description="keep the first K natural ids")
@@ -173,6 +182,7 @@ PartitionConfig = Annotated[
     | PathologicalPartition
     | ShardPartition
     | SizePartition
+    | LabelCyclePartition
     | NaturalIdPartition,
     Field(discriminator="kind"),
 ]

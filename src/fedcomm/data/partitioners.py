@@ -580,6 +580,49 @@ def natural_id(
     return _group(np.where(inverse < k, inverse, -1), k)
 
 
+@register("label_cycle")
+def label_cycle(
+    labels: np.ndarray,
+    *,
+    num_partitions: int,
+    rng: np.random.Generator,
+    labels_per_partition: int = 5,
+    shuffle: bool = True,
+) -> list[np.ndarray]:
+    """pFedBayes' label scheme (used by FedBIAD's Table I): client ``k`` holds the labels
+    ``(k·n_l + j) mod C`` for ``j < n_l``; each class's rows are split evenly over its holders.
+
+    Zhang et al., "Personalized Federated Learning via Variational Bayesian Inference" (ICML
+    2022) data generation, as described in ``specs/fedsparse-fedbiad.md`` §2.4. A class held by
+    no client (possible when ``num_partitions·n_l < C``) is dropped with its rows.
+
+    Args:
+        labels: ``(n,)`` integer labels ``0..C-1``.
+        num_partitions: number of clients.
+        rng: shuffles each class's rows before they are dealt (``shuffle``).
+        labels_per_partition: ``n_l``, labels per client, in ``[1, C]``.
+        shuffle: deal shuffled rows (else in index order).
+
+    Returns:
+        One sorted ``int64`` row-index array per client.
+    """
+    y = _check_labels(labels)
+    n = len(y)
+    k = _check_num_partitions(num_partitions, n)
+    num_classes = len(np.unique(y))  # classes ranked in sorted label order
+    n_l = _check_int("labels_per_partition", labels_per_partition, low=1, high=max(num_classes, 1))
+    holders: list[list[int]] = [[] for _ in range(num_classes)]
+    for client in range(k):
+        for j in range(n_l):
+            holders[(client * n_l + j) % num_classes].append(client)
+    owner = np.full(n, -1, dtype=np.int64)
+    for c, rows in enumerate(_class_rows(y, rng, shuffle=shuffle)):
+        if holders[c]:
+            for client, part in zip(holders[c], np.array_split(rows, len(holders[c])), strict=True):
+                owner[part] = client
+    return _group(owner, k)
+
+
 # --- per-client train/test split ----------------------------------------------------------
 
 

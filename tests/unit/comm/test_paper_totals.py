@@ -64,3 +64,13 @@ def test_fedavg_total_gib(
     assert summary.height == 1
     assert summary["up_bytes"][0] == summary["down_bytes"][0] == num_params * 4 * CLIENTS_PER_ROUND
     assert round(rounds * summary["cum_gib"][0], digits) == paper_gib
+
+
+def test_ptb_lstm_fedavg_upload_is_29_8_mb() -> None:
+    """FedBIAD Table II: the PTB LSTM (embedding 300, 2-layer LSTM 300, linear, vocabulary 10k,
+    untied) has 7,454,800 parameters; a dense FedAvg upload = 7,454,800 x 32 bits = 29.82 MB."""
+    lstm = build_model("lstm", input_shape=(35,), num_classes=10_000)
+    params = {k: p.detach() for k, p in lstm.named_parameters()}
+    assert sum(p.numel() for p in params.values()) == 7_454_800
+    megabytes = bits.to_bytes(encode_dense(params).nbits().total) / 1e6
+    assert round(megabytes, 1) == 29.8

@@ -62,7 +62,15 @@ def assert_disjoint(parts: list[np.ndarray], n: int) -> None:
 
 
 def test_registry_holds_every_kind() -> None:
-    assert set(PARTITIONERS) == {"iid", "dirichlet", "pathological", "shard", "size", "natural_id"}
+    assert set(PARTITIONERS) == {
+        "iid",
+        "dirichlet",
+        "pathological",
+        "shard",
+        "size",
+        "label_cycle",
+        "natural_id",
+    }
     assert PARTITIONERS["dirichlet"] is dirichlet
 
 
@@ -467,3 +475,28 @@ def test_train_test_split_tiny_clients_and_bad_fraction() -> None:
     for bad in (1.0, -0.1):
         with pytest.raises(PartitionError, match="test_fraction"):
             train_test_split(labels, np.array([0, 1]), test_fraction=bad, rng=rng())
+
+
+def test_label_cycle_is_pfedbayes_scheme() -> None:
+    from fedcomm.data.partitioners import label_cycle
+
+    labels = np.repeat(np.arange(10), 40)  # 10 classes x 40 rows
+    parts = label_cycle(
+        labels, num_partitions=4, rng=np.random.default_rng(0), labels_per_partition=5
+    )
+    # client k holds labels (5k + j) mod 10: 0-4, 5-9, 0-4, 5-9; each class split over 2 holders
+    assert [sorted(set(labels[p].tolist())) for p in parts] == [
+        [0, 1, 2, 3, 4],
+        [5, 6, 7, 8, 9],
+        [0, 1, 2, 3, 4],
+        [5, 6, 7, 8, 9],
+    ]
+    assert [len(p) for p in parts] == [100] * 4  # 5 labels x 20 rows each
+    allrows = np.concatenate(parts)
+    assert len(allrows) == len(set(allrows.tolist())) == 400
+    again = label_cycle(
+        labels, num_partitions=4, rng=np.random.default_rng(0), labels_per_partition=5
+    )
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    with pytest.raises(PartitionError, match="labels_per_partition"):
+        label_cycle(labels, num_partitions=4, rng=np.random.default_rng(0), labels_per_partition=11)
