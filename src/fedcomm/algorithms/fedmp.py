@@ -1,0 +1,167 @@
+"""FedMP with a fixed pruning ratio: magnitude-pruned sub-models and R2SP aggregation.
+
+Jiang, Xu, Wang, Wang, Qiao, Qian, Li and Huang, "FedMP: Federated Learning through Adaptive
+Model Pruning in Heterogeneous Edge Computing", IEEE ICDE 2022; as the baseline of Xue et al.,
+FedBIAD (spec ``specs/fedsparse-fedbiad.md`` §2.5, Rec: the ratio fixed at ``p`` instead of the
+original per-client E-UCB bandit).
+
+Round ``t``, client ``k``:
+
+* the server structurally prunes the global model ``w_t``: in every hidden FC layer and conv
+  layer of ``feddrop.unit_layers(model)`` it removes the ``round(p·n)`` of the ``n`` units (FC
+  rows, conv filters) with the smallest L1 norm (:func:`prune_units`: over the unit's weight
+  row/filter and its bias, each layer scored on the unpruned ``w_t``; ties go to the lower
+  index). The output layer stays full (§2.7). Removing a unit also removes the next layer's
+  input columns reading it (:func:`feddrop.param_masks`). With a fixed ratio every client of a
+  round gets the same sub-model;
+* down: the sub-model's values (32 bits each) and its pattern: the client does not have ``w_t``
+  and cannot recompute it, so the hidden layers' unit masks are sent as ``Mask`` (1 bit per
+  hidden unit, counted); the full-shape parameter masks follow from them and the model
+  structure (``Free``);
+* the client trains the sub-model masked (pruned entries stay zero and frozen: the smaller
+  dense network) and uploads the delta of the sub-model's entries (32 bits each; the server
+  knows the pattern it sent, so the up pattern is ``Free``);
+* server, R2SP: each returned sub-model is recovered to full size by filling the pruned
+  positions with the current global values (:func:`recover`); the recovered models are averaged
+  with ``|D_k|`` weights (:func:`r2sp`), i.e. ``Δ = Σ_k n_k (recovered_k − w_t) / Σ_k n_k`` —
+  the client deltas with zeros at pruned positions, divided by *every* client's weight — then
+  ``w ← w + server_opt(Δ)`` (SGD, lr 1: exactly the R2SP average).
+
+Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``), like FedDrop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomm.algorithms import feddrop
+from fedcomm.algorithms.afd import pattern_entries, submodel_fraction, train_submodel
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    FedAlgorithm,
+    RoundContext,
+    Uplink,
+    client_weights,
+    clone_params,
+    register,
+    weighted_mean,
+)
+from fedcomm.comm.payload import Payload
+from fedcomm.models.groups import GroupSpec
+from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
+from fedcomm.types import Params
+
+
+class Config(AlgorithmConfig):
+    name: Literal["fedmp"] = "fedmp"
+    server: ServerOptConfig = Field(default_factory=ServerOptConfig)  # sgd, lr 1: R2SP average
+    p: float = Field(
+        0.2, ge=0, lt=1, description="fraction of hidden FC units / conv filters pruned"
+    )
+    weighting: Literal["num_examples", "uniform"] = "num_examples"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: Params
+    opt_state: OptState
+    layers: tuple[GroupSpec, ...]
+
+
+# --- pure pieces ------------------------------------------------------------------------------
+
+
+def unit_l1_norms(spec: GroupSpec, params: Mapping[str, Tensor]) -> Tensor:
+    """``(count,)`` L1 norm of each unit over all of its members (weight row/filter and bias)."""
+    flat = [params[name].movedim(axis, 0).reshape(spec.count, -1) for name, axis in spec.members]
+    return torch.cat(flat, dim=1).abs().sum(dim=1)
+
+
+def prune_units(
+    layers: Sequence[GroupSpec], params: Mapping[str, Tensor], p: float
+) -> dict[str, Tensor]:
+    """Unit keep masks: per hidden layer the ``round(p·n)`` smallest-L1 units pruned (stable:
+    among equal norms the lower index goes first), the output layer full."""
+    dropped = feddrop.drop_counts(layers, conv_rate=p, fc_rate=p, drop_output=False)
+    keep = {}
+    for spec in layers:
+        mask = torch.ones(spec.count, dtype=torch.bool)
+        order = torch.argsort(unit_l1_norms(spec, params), stable=True)
+        mask[order[: dropped[spec.name]]] = False
+        keep[spec.name] = mask
+    return keep
+
+
+def recover(global_params: Mapping[str, Tensor], sub: Params, keep: Mapping[str, Tensor]) -> Params:
+    """R2SP recovery: the sub-model's values where kept, the global values at pruned positions."""
+    return {k: torch.where(keep[k], sub[k], g) for k, g in global_params.items()}
+
+
+def r2sp(
+    global_params: Mapping[str, Tensor],
+    subs: Sequence[Params],
+    keeps: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+) -> Params:
+    """The R2SP aggregate: the weighted mean of the recovered sub-models."""
+    recovered = [recover(global_params, s, k) for s, k in zip(subs, keeps, strict=True)]
+    return weighted_mean(recovered, weights)
+
+
+@register(Config)
+def build(cfg: Config) -> FedAlgorithm:
+    opt = cfg.server.build()
+
+    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+        return ServerState(clone_params(params), opt.init(params), feddrop.unit_layers(ctx.model))
+
+    def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
+        keep = prune_units(state.layers, state.params, cfg.p)
+        masks = feddrop.param_masks(state.layers, keep, state.params)
+        pattern = pattern_entries(state.layers, keep, counted=True)  # 1 bit per hidden unit
+        return Payload(feddrop.encode_kept(state.params, masks) | pattern)
+
+    def client_update(
+        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
+    ) -> ClientResult:
+        res, sub, keep = train_submodel(down, data, ctx)
+        delta = feddrop.encode_kept({k: res.params[k] - sub[k] for k in sub}, keep)
+        return ClientResult(
+            uplink=Payload(delta),
+            state=None,
+            local_params=res.params,
+            num_examples=data.num_examples,
+            metrics={"train/loss": res.loss, "fedmp/submodel_fraction": submodel_fraction(keep)},
+        )
+
+    def server_update(
+        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+    ) -> ServerState:
+        # recovered_k − w_t is the client's delta with zeros at its pruned positions, so the mean
+        # of the decoded deltas is r2sp(...) − w_t (computed without the round trip through w_t)
+        deltas = [feddrop.decode_kept(u.tensors) for u in uplinks]
+        delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
+        step, opt_state = opt.update(delta, state.opt_state)
+        return ServerState(apply_step(state.params, step), opt_state, state.layers)
+
+    return FedAlgorithm(
+        name=cfg.name,
+        config=cfg,
+        init_server=init_server,
+        init_client=lambda client_id: None,
+        broadcast=broadcast,
+        client_update=client_update,
+        server_update=server_update,
+        global_params=lambda s: s.params,
+        uploaded_model=feddrop.uploaded_model,
+        validate_model=feddrop.validate_model,
+    )
