@@ -1,0 +1,432 @@
+"""FedBIAD: Bayesian inference-based adaptive dropout of weight rows.
+
+Xue et al., "FedBIAD: Communication-Efficient and Accuracy-Guaranteed Federated Learning with
+Bayesian Inference-Based Adaptive Dropout", IPDPS 2023 (Algorithm 1, Eqs. 2-10, 13);
+implementation choices from ``specs/fedsparse-fedbiad.md`` §0, §2.1-2.4, §2.7-2.8.
+
+Rows (``models.groups.rows``): Linear ``W[j,:]`` + ``b[j]``, conv filters, each LSTM matrix's
+rows with their bias rows, embedding dimensions; the output layer's rows only with
+``drop_output_layer``. Every layer keeps exactly ``ceil((1 − p)·rows_l)`` rows (spec Rec,
+``pattern_scope: layer``; ``global`` keeps ``ceil((1 − p)·J)`` rows over all J rows, the paper's
+``Z``, exactly ``ceil((1 − p)·rows_l)`` in expectation per layer).
+
+Client ``k``, round ``r`` (persistent score vector ``E^k``, one float per row, from 0):
+
+* forward pass ``θ = β ∘ (U + s̃ε)`` with fresh ``ε ~ N(0, I)`` per step and ``s̃²`` of Eq. 13
+  (numerically a no-op in fp32; logged as ``fedbiad/s2``); dropped rows are zero and frozen
+  (their gradient is zero; with momentum or weight decay they are also restored after each step);
+* loss ``mean CE + KL/(α|D_k|)`` with ``KL = ½ Σ_{kept rows} ‖μ_j‖²`` (the N(0, 1) slab; ``kl:
+  false`` drops it);
+* stage one (``r ≤ R_b``): a random pattern ``β``; at iterations ``v = 2τ, 3τ, …`` the trend
+  ``ΔL = mean(ℓ_{v−τ+1..v}) − mean(ℓ_{v−2τ+1..v−τ})`` (Eq. 8); ``ΔL > 0`` resamples ``β`` for the
+  next ``τ`` iterations; the scores of the rows held at ``v`` are updated by Eq. 9 (only at these
+  check points, spec Rec);
+* stage two (``r > R_b``): the top ``ceil((1 − p)·rows_l)`` rows of each layer by ``E`` (ties at
+  random), fixed for the round;
+* upload ``β^{k,V}`` (1 bit per row, all J rows) and the kept rows' values (32 bits each); the
+  parameters in no row (GroupNorm, or the output layer without ``drop_output_layer``) densely.
+
+Server: ``eq10`` (paper-literal) ``U_r = Σ_k |D_k| β_k ∘ U_k / Σ_k |D_k|`` (a dropped row counts
+as 0); ``masked``: per row, the ``|D_k|``-weighted mean over the clients that kept it, rows nobody
+kept stay ``U_{r−1}``. The averaging rule gives ``Δ = U_agg − U_{r−1}``, and
+``U_r = U_{r−1} + server_opt(Δ)`` (default ``sgd``, lr 1: exactly the rule above). The download
+is the dense ``U_{r−1}`` (32·N bits); the global model evaluated is ``θ = U_r``.
+
+Eq. 13 inputs at a client ([AMB], the paper defines them for its MLP): ``d`` = size of one input
+example, ``D`` = the widest non-output row layer, ``L`` = number of row layers (``rows(model)``),
+``J`` = all rows of the model, ``S = (1 − p)·J·D``, ``m = r·V·|D_k|`` (the client's own example
+count stands in for ``min_k |D_k|``, which no client knows), ``V`` = local steps this round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from fedcomm.algorithms import _local
+from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    FedAlgorithm,
+    RoundContext,
+    Uplink,
+    client_weights,
+    clone_params,
+    register,
+    weighted_mean,
+)
+from fedcomm.comm.codecs import encode_dense
+from fedcomm.comm.payload import Entry, Free, Payload
+from fedcomm.models.groups import GroupSpec, expand_mask, rows
+from fedcomm.server_opt import OptState, apply_step
+from fedcomm.types import Params
+
+MASK = "mask/"  # f"mask/{spec}": β of one row layer, 1 bit per row (comm.payload.Mask)
+KEEP = "keep/"  # f"keep/{param}": the entry mask β expands to (Free: the receiver rebuilds it)
+
+
+class Config(AlgorithmConfig):
+    name: Literal["fedbiad"] = "fedbiad"
+    p: float = Field(0.2, ge=0, lt=1, description="fraction of rows dropped")
+    stage_boundary: int = Field(55, ge=0, description="R_b: rounds r ≤ R_b are stage one")
+    tau: int = Field(3, ge=1, description="τ: iterations per loss-trend window")
+    drop_output_layer: bool = True
+    aggregation: Literal["eq10", "masked"] = "eq10"
+    alpha: float = Field(0.5, gt=0, le=1, description="tempered-likelihood α")
+    kl: bool = Field(True, description="the KL (L2 on kept rows) term; false: 'no KL' ablation")
+    pattern_scope: Literal["layer", "global"] = "layer"
+    B: int = Field(2, ge=2, description="weight bound B of Eq. 13")
+    weighting: Literal["num_examples", "uniform"] = "num_examples"
+
+
+@dataclass(frozen=True)
+class ClientState:
+    """Per-client, kept across rounds: the score vector ``E`` as ``(rows_l,)`` float per layer
+    (empty before the first participation: all zeros)."""
+
+    scores: Mapping[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: Params  # U
+    opt_state: OptState
+    specs: tuple[GroupSpec, ...]  # the droppable row layers
+
+
+# --- pure pieces -------------------------------------------------------------------------------
+
+
+def row_specs(model: nn.Module | None, drop_output_layer: bool) -> tuple[GroupSpec, ...]:
+    """The droppable row layers of ``model`` (the output layer only with ``drop_output_layer``)."""
+    if model is None:
+        raise ValueError("fedbiad needs the model structure in the round context")
+    return tuple(s for s in rows(model) if drop_output_layer or not s.is_output)
+
+
+def validate_model(model: nn.Module) -> None:
+    if not rows(model):
+        raise ValueError(f"fedbiad: {type(model).__name__} has no weight rows to drop")
+
+
+def kept_count(count: int, p: float) -> int:
+    """``ceil((1 − p)·count)`` (guarded against float noise such as 0.7·10 = 7.000000000000001)."""
+    return max(1, math.ceil(round((1.0 - p) * count, 9))) if count else 0
+
+
+def keep_counts(specs: Sequence[GroupSpec], p: float) -> dict[str, int]:
+    """Rows kept per layer: ``ceil((1 − p)·rows_l)``."""
+    return {s.name: kept_count(s.count, p) for s in specs}
+
+
+def random_pattern(
+    specs: Sequence[GroupSpec], p: float, generator: torch.Generator, scope: str = "layer"
+) -> dict[str, Tensor]:
+    """A uniformly random ``β`` (bool ``(rows_l,)`` per layer): exactly ``ceil((1 − p)·rows_l)``
+    per layer (``layer``), or ``ceil((1 − p)·J)`` over all J rows (``global``)."""
+    if scope == "global":
+        total = sum(s.count for s in specs)
+        flat = torch.zeros(total, dtype=torch.bool)
+        flat[torch.randperm(total, generator=generator)[: kept_count(total, p)]] = True
+        return dict(zip([s.name for s in specs], flat.split([s.count for s in specs]), strict=True))
+    out = {}
+    for s in specs:
+        mask = torch.zeros(s.count, dtype=torch.bool)
+        mask[torch.randperm(s.count, generator=generator)[: kept_count(s.count, p)]] = True
+        out[s.name] = mask
+    return out
+
+
+def top_rows(scores: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """Bool mask of the ``k`` highest scores, ties broken uniformly at random."""
+    perm = torch.randperm(scores.numel(), generator=generator)
+    order = torch.sort(scores[perm], descending=True, stable=True).indices
+    mask = torch.zeros(scores.numel(), dtype=torch.bool)
+    mask[perm[order[:k]]] = True
+    return mask
+
+
+def score_pattern(
+    specs: Sequence[GroupSpec],
+    scores: Mapping[str, Tensor],
+    p: float,
+    generator: torch.Generator,
+    scope: str = "layer",
+) -> dict[str, Tensor]:
+    """Stage two's ``β``: the top rows by ``E`` per layer (``layer``) or over all rows
+    (``global``), exactly as many as :func:`random_pattern` keeps."""
+    if scope == "global":
+        flat = torch.cat([scores[s.name] for s in specs])
+        mask = top_rows(flat, kept_count(flat.numel(), p), generator)
+        return dict(zip([s.name for s in specs], mask.split([s.count for s in specs]), strict=True))
+    return {s.name: top_rows(scores[s.name], kept_count(s.count, p), generator) for s in specs}
+
+
+def is_check_point(v: int, tau: int) -> bool:
+    """Algorithm 1, line 18: ``v > τ`` and ``v mod τ = 0`` (i.e. ``v = 2τ, 3τ, …``)."""
+    return v > tau and v % tau == 0
+
+
+def trend(losses: Sequence[float], tau: int) -> float:
+    """Eq. 8 as a mean: ``mean(last τ losses) − mean(the τ before)``."""
+    if len(losses) < 2 * tau:
+        raise ValueError(f"trend needs 2τ = {2 * tau} losses, got {len(losses)}")
+    last, before = losses[len(losses) - tau :], losses[len(losses) - 2 * tau : len(losses) - tau]
+    return sum(last) / tau - sum(before) / tau
+
+
+def score_update(
+    losses_window: Sequence[float], beta_now: Tensor, beta_next: Tensor, scores: Tensor
+) -> Tensor:
+    """Eq. 9 at a check point, from the last ``2τ`` losses: every row held now (``β^v_j = 1``)
+    gains 1 if ``ΔL ≤ 0``, else ``1[β^{v+1}_j = 1]``. Returns new scores."""
+    if len(losses_window) % 2:
+        raise ValueError("losses_window must hold 2τ losses")
+    delta = trend(losses_window, len(losses_window) // 2)
+    gain = torch.ones_like(scores) if delta <= 0 else beta_next.to(scores.dtype)
+    return scores + beta_now.to(scores.dtype) * gain
+
+
+def posterior_variance(S: float, m: float, d: float, D: float, L: float, B: float) -> float:
+    """Eq. 13: ``s̃² = S/(16 m d²) · log(3D)⁻¹ · (2BD)^{−2L} ·
+    {(d + 1 + 1/(BD−1))² + 1/((BD)² − 1) + 2/(BD − 1)²}⁻¹`` (in log space: may underflow to 0)."""
+    bd = B * D
+    brace = (d + 1 + 1 / (bd - 1)) ** 2 + 1 / (bd**2 - 1) + 2 / (bd - 1) ** 2
+    log_s2 = (
+        math.log(S)
+        - math.log(16 * m * d * d)
+        - math.log(math.log(3 * D))
+        - 2 * L * math.log(2 * bd)
+        - math.log(brace)
+    )
+    return math.exp(log_s2)
+
+
+def model_variance(
+    model: nn.Module, p: float, B: float, d: int, round_: int, steps: int, n: int
+) -> float:
+    """Eq. 13 with the inputs read off ``model`` (see the module docstring)."""
+    all_rows = rows(model)
+    hidden = [s.count for s in all_rows if not s.is_output] or [s.count for s in all_rows]
+    width, depth = max(hidden), len(all_rows)
+    total = sum(s.count for s in all_rows)
+    m = max(1, round_) * max(1, steps) * max(1, n)
+    return posterior_variance((1 - p) * total * width, m, max(1, d), width, depth, B)
+
+
+def aggregate(
+    prev: Mapping[str, Tensor],
+    values: Sequence[Mapping[str, Tensor]],
+    kept: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    how: str,
+) -> tuple[Params, dict[str, Tensor]]:
+    """``(Δ, held)`` with ``U_agg = U_{r−1} + Δ``.
+
+    ``values[k]`` are client k's decoded ``β_k ∘ U_k`` (zeros off its rows), ``kept[k]`` its bool
+    entry masks (parameters absent: always sent). ``eq10``: ``Δ = Σ_k w_k (β_k ∘ U_k − U_{r−1}) /
+    Σ_k w_k``; ``masked``: ``Σ_k w_k β_k (U_k − U_{r−1}) / Σ_k w_k β_k`` where some client kept
+    the entry, 0 elsewhere (``held`` says where)."""
+    everywhere = {k: torch.ones_like(t, dtype=torch.bool) for k, t in prev.items()}
+    if how == "eq10":
+        return weighted_mean([{k: v[k] - t for k, t in prev.items()} for v in values], weights), (
+            everywhere
+        )
+    deltas = [
+        {k: torch.where(km[k], v[k] - t, 0.0) if k in km else v[k] - t for k, t in prev.items()}
+        for v, km in zip(values, kept, strict=True)
+    ]
+    mean = weighted_mean(deltas, weights)  # Σ_k w_k β_k δ_k / Σ_k w_k
+    share = torch.tensor(weights, dtype=torch.float64) / sum(weights)
+    out, held = {}, {}
+    for k, m in mean.items():
+        if not any(k in km for km in kept):
+            out[k], held[k] = m, everywhere[k]
+            continue
+        stacked = torch.stack([km[k] if k in km else everywhere[k] for km in kept])  # (K, *shape)
+        held[k] = stacked.any(0)
+        frac = (stacked * share.view(-1, *[1] * m.dim())).sum(0).to(m.dtype).clamp_min(1e-12)
+        out[k] = torch.where(stacked.all(0), m, m / frac)
+    return out, held
+
+
+def encode_upload(
+    params: Mapping[str, Tensor], specs: Sequence[GroupSpec], beta: Mapping[str, Tensor]
+) -> Payload:
+    """``w/<param>``: kept rows' values (32 bits each; unrowed parameters whole), ``mask/<spec>``:
+    ``β`` (1 bit per row), ``keep/<param>``: the entry masks ``β`` expands to (``Free``: the
+    server rebuilds them from ``β`` and the model structure)."""
+    entries: dict[str, Entry] = dict(encode_groups(params, specs, beta, send_masks=True))
+    for name, m in entry_masks(specs, beta, params).items():
+        entries[KEEP + name] = Free(m)
+    return Payload(entries)
+
+
+def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+    """``β_k ∘ U_k``: the kept rows' values, zeros on the dropped rows (unrowed: as sent)."""
+    out: Params = {}
+    for name, ref in down.items():
+        values = up[f"w/{name}"]
+        keep = up.get(KEEP + name)
+        if keep is None:
+            out[name] = values.reshape(ref.shape)
+        else:
+            out[name] = torch.zeros_like(ref)
+            out[name][keep.bool()] = values
+    return out
+
+
+# --- the algorithm -----------------------------------------------------------------------------
+
+
+def make(cfg: Config) -> FedAlgorithm:
+    opt = cfg.server.build()
+
+    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+        specs = row_specs(ctx.model, cfg.drop_output_layer)
+        return ServerState(clone_params(params), opt.init(params), specs)
+
+    def broadcast(
+        state: ServerState, client_id: int, cstate: ClientState, ctx: RoundContext
+    ) -> Payload:
+        return encode_dense(state.params)  # 32·N
+
+    def client_update(
+        down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
+    ) -> ClientResult:
+        model = ctx.model
+        specs = row_specs(model, cfg.drop_output_layer)
+        names = [n for n, _ in model.named_parameters()]
+        rowed = {n for s in rows(model) for n in s.param_names}  # the KL's rows (all of them)
+        scores = {
+            s.name: cstate.scores[s.name].clone()
+            if s.name in cstate.scores
+            else torch.zeros(s.count)
+            for s in specs
+        }
+        u0 = {k: down[k] for k in names}
+        batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
+        s2 = model_variance(
+            model, cfg.p, cfg.B, int(data.x[0].numel()) if data.num_examples else 1,
+            ctx.round_, len(batches), data.num_examples,
+        )  # fmt: skip
+        s_tilde = math.sqrt(s2)
+        stage_one = ctx.round_ <= cfg.stage_boundary
+        if stage_one:
+            beta = random_pattern(specs, cfg.p, ctx.generator, cfg.pattern_scope)
+        else:
+            beta = score_pattern(specs, scores, cfg.p, ctx.generator, cfg.pattern_scope)
+        kl_coef = 1.0 / (cfg.alpha * max(1, data.num_examples)) if cfg.kl else 0.0
+        cur: dict[str, dict[str, Tensor]] = {}
+
+        def set_pattern(pattern: Mapping[str, Tensor]) -> None:
+            cur["masks"] = {
+                n: m for s in specs for n, m in expand_mask(s, pattern[s.name], u0).items()
+            }
+
+        def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # β ∘ (U + s̃ε)
+            out = dict(full)
+            for n in names:
+                t = full[n]
+                if s_tilde > 0:
+                    eps = torch.randn(t.shape, generator=ctx.generator, dtype=t.dtype)
+                    t = t + s_tilde * eps
+                out[n] = t * cur["masks"][n] if n in cur["masks"] else t
+            return out
+
+        def kl_term(full: Mapping[str, Tensor], loss: Tensor) -> Tensor:  # + ½Σ_kept‖μ_j‖²/(α|D|)
+            masks = cur["masks"]
+            sq = [((full[n] * masks[n]) if n in masks else full[n]).pow(2).sum() for n in rowed]
+            return loss + kl_coef * 0.5 * torch.stack(sq).sum()
+
+        step = _local.make_step(
+            model,
+            ctx.local,
+            loss_hook=kl_term if cfg.kl and rowed else None,
+            param_map=forward_params,
+            functional=False,
+        )
+        freeze = ctx.local.momentum > 0 or ctx.local.weight_decay > 0
+        live = {k: v.detach().clone() for k, v in u0.items()}
+        bufs = _local.init_bufs(live, ctx.local, None)
+        set_pattern(beta)
+        losses: list[float] = []
+        resamples = 0
+        for v, idx in enumerate(batches):
+            before = {n: live[n].clone() for n in cur["masks"]} if freeze else {}
+            live, bufs, loss = step(live, bufs, {}, data.x[idx], data.y[idx])
+            with torch.no_grad():
+                for n, prev in before.items():  # Eq. 7: dropped rows stay frozen
+                    live[n].copy_(torch.where(cur["masks"][n].bool(), live[n], prev))
+            losses.append(float(loss))
+            if stage_one and is_check_point(v, cfg.tau):
+                window = losses[v - 2 * cfg.tau + 1 : v + 1]
+                if trend(window, cfg.tau) > 0:
+                    nxt = random_pattern(specs, cfg.p, ctx.generator, cfg.pattern_scope)
+                    resamples += 1
+                else:
+                    nxt = beta
+                scores = {
+                    s.name: score_update(window, beta[s.name], nxt[s.name], scores[s.name])
+                    for s in specs
+                }
+                beta = nxt
+                set_pattern(beta)
+        trained = {k: v.detach() for k, v in live.items()}
+        sent = entry_masks(specs, beta, trained)
+        local_params = {k: t * sent[k] if k in sent else t for k, t in trained.items()}
+        kept_rows = sum(int(b.sum()) for b in beta.values())
+        return ClientResult(
+            uplink=encode_upload(trained, specs, beta),
+            state=ClientState({k: v.detach() for k, v in scores.items()}),
+            local_params=local_params,
+            num_examples=data.num_examples,
+            metrics={
+                "train/loss": sum(losses) / len(losses) if losses else math.nan,
+                "fedbiad/kept_fraction": kept_rows / max(1, sum(s.count for s in specs)),
+                "fedbiad/resamples": float(resamples),
+                "fedbiad/s2": s2,
+                "fedbiad/stage": 1.0 if stage_one else 2.0,
+            },
+        )
+
+    def server_update(
+        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+    ) -> ServerState:
+        values, kept = [], []
+        for u in uplinks:
+            beta = {s.name: u.tensors[MASK + s.name].bool() for s in state.specs}
+            values.append(decode_groups(u.tensors, state.params, state.specs, beta))
+            kept.append(entry_masks(state.specs, beta, state.params))
+        weights = client_weights(uplinks, cfg.weighting)
+        delta, held = aggregate(state.params, values, kept, weights, cfg.aggregation)
+        step, opt_state = opt.update(delta, state.opt_state)
+        step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}  # nobody kept: U_{r−1}
+        return ServerState(apply_step(state.params, step), opt_state, state.specs)
+
+    return FedAlgorithm(
+        name=cfg.name,
+        config=cfg,
+        init_server=init_server,
+        init_client=lambda client_id: ClientState(),
+        broadcast=broadcast,
+        client_update=client_update,
+        server_update=server_update,
+        global_params=lambda s: s.params,
+        uploaded_model=uploaded_model,
+        validate_model=validate_model,
+    )
+
+
+@register(Config)
+def build(cfg: Config) -> FedAlgorithm:
+    return make(cfg)
