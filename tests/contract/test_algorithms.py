@@ -160,7 +160,7 @@ def test_local_accuracy_measures_what_was_uploaded(fed: FederatedTensors) -> Non
     from fedcomm.comm.codecs import Compressor, encode_dense
     from fedcomm.evaluation.metrics import evaluate
 
-    def drop(payload, state, gen):  # type: ignore[no-untyped-def]
+    def drop(payload, state, gen, round_):  # type: ignore[no-untyped-def]
         return encode_dense({k: torch.zeros_like(v) for k, v in payload.decode().items()}), state
 
     cfg = loop.LoopConfig(rounds=1, clients_per_round=3, local=LocalConfig(lr=0.5), seed=7)

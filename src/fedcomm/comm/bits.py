@@ -8,7 +8,9 @@ Every payload's size is computed by a function of this module applied to what is
   a bitmap (``numel`` bits) and coordinate indices (``nnz * ceil(log2 numel)`` bits), unless a
   fixed per-index width is asked for (the FedBIAD paper counts 64 bits per position);
 * a bit mask (one bit per group, row or entry) costs ``numel`` bits;
-* metadata scalars (scales, seeds, counts) cost their declared width (32 bits by default).
+* metadata scalars (scales, seeds, counts) cost their declared width (32 bits by default);
+* a stochastically quantised value with ``s`` magnitude levels costs a sign bit plus
+  ``ceil(log2(s + 1))`` bits for its level in ``{0..s}`` (QSGD/FedPAQ; ``s = 127``: 8 bits).
 
 Bytes are ``bits / 8``; GiB are ``bytes / 2**30``.
 """
@@ -82,6 +84,13 @@ def meta(count: int = 1, width: int = META_BITS) -> int:
     """Bits of ``count`` metadata scalars of ``width`` bits."""
     _check_nonneg(count=count, width=width)
     return count * width
+
+
+def quantized_width(levels: int) -> int:
+    """Bits of one signed level with ``levels`` magnitude levels: ``1 + ceil(log2(s + 1))``."""
+    if levels < 1:
+        raise ValueError(f"levels must be >= 1, got {levels}")
+    return 1 + levels.bit_length()  # levels.bit_length() == ceil(log2(levels + 1))
 
 
 def to_bytes(bits: int) -> float:

@@ -2,13 +2,27 @@
 
 ``encode_dense`` sends every value; ``encode_sparse`` sends the non-zeros with a bitmap or
 coordinate indices (the cheaper one unless a format is forced). Uplink compressors that wrap an
-algorithm's uplink (later: DGC, STC, LQ, SP, ...) are registered in :data:`COMPRESSORS` and act on
-a whole :class:`~fedcomm.comm.payload.Payload` with explicit per-client state.
+algorithm's uplink (DGC, STC, SignSGD, FedPAQ in :mod:`fedcomm.comm.compressors`) are registered
+in :data:`COMPRESSORS` and act on a whole :class:`~fedcomm.comm.payload.Payload` with explicit
+per-client state.
+
+The compressor contract:
+
+* a compressor transforms only the payload's :class:`~fedcomm.comm.payload.Dense` entries with a
+  floating dtype (they carry the update, e.g. ``Δ_k = w_k − w_t``), each as one flat vector;
+  ``Mask``, ``Meta``, ``Free``, ``Sparse`` and non-float ``Dense`` entries pass through as the very
+  same objects (so FedDrop/FedBIAD's kept values are compressed and their patterns are kept);
+* its per-client state (e.g. DGC/STC residuals: entry name -> flat residual) is returned as a new
+  value, never mutated; all randomness comes from the given generator;
+* ``encode`` receives the 1-based round (for schedules such as DGC's sparsity warm-up);
+* ``server_hook`` (optional) sees the round's *encoded* uplinks and returns the tensors the
+  server should aggregate instead of their plain decoding (SignSGD's majority vote);
+* bit costs come from the returned entries' ``nbits()``, i.e. from :mod:`fedcomm.comm.bits`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,20 +72,29 @@ def encode_auto(tensors: Mapping[str, Tensor]) -> Payload:
 CompressorState = Any
 
 
+EncodeFn = Callable[
+    [Payload, CompressorState, torch.Generator, int], tuple[Payload, CompressorState]
+]
+ServerHook = Callable[[Sequence[Payload]], list[dict[str, Tensor]]]
+
+
 @dataclass(frozen=True)
 class Compressor:
-    """An uplink transform: ``encode(payload, state, generator) -> (payload, state)``.
+    """An uplink transform: ``encode(payload, state, generator, round_) -> (payload, state)``.
 
     ``init()`` gives a client's initial state (kept in the client store between rounds).
+    ``server_hook(payloads)``, if set, maps the round's encoded uplinks (cohort order) to the
+    tensors each client's uplink is replaced by before ``algorithm.server_update``.
     """
 
     name: str
     init: Callable[[], CompressorState]
-    encode: Callable[[Payload, CompressorState, torch.Generator], tuple[Payload, CompressorState]]
+    encode: EncodeFn
+    server_hook: ServerHook | None = None
 
 
 def _identity() -> Compressor:
-    return Compressor("none", init=lambda: None, encode=lambda p, s, g: (p, s))
+    return Compressor("none", init=lambda: None, encode=lambda p, s, g, r: (p, s))
 
 
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {"none": _identity}
@@ -96,3 +119,7 @@ def build_compressor(name: str, **options: Any) -> Compressor:
     if name not in COMPRESSORS:
         raise ValueError(f"unknown compressor {name!r}; registered: {sorted(COMPRESSORS)}")
     return COMPRESSORS[name](**options)
+
+
+# The built-in compressors register themselves on import (the registry above exists by now).
+from fedcomm.comm import compressors as _compressors  # noqa: E402, F401

@@ -8,7 +8,8 @@ Per round ``r`` (1-based):
    ``(seed, CLIENT, r, client)``; the uplink compressor encodes; the ledger records its bits;
    the server decodes; the client's returned model is evaluated on its own test split
    (its "last upload" for local accuracy); its state goes to the client store;
-4. ``algorithm.server_update`` on the decoded uplinks;
+4. ``algorithm.server_update`` on the decoded uplinks (first mapped by the compressor's
+   ``server_hook``, if any: SignSGD's majority vote);
 5. evaluate the global model when due; log one batch of metrics; checkpoint when due.
 
 The sequential backend reuses one model object for every client: parameters are passed
@@ -41,6 +42,7 @@ from fedcomm.algorithms.base import (
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger
+from fedcomm.comm.payload import Payload
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
 from fedcomm.simulation import checkpoint
@@ -176,6 +178,7 @@ def _one_round(
     rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, model)
     cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
     uplinks: list[Uplink] = []
+    payloads: list[Payload] = []
     up_bits = down_bits = 0
     train_s: list[float] = []
     losses: list[tuple[float, int]] = []
@@ -191,11 +194,12 @@ def _one_round(
         t0 = time.perf_counter()
         decoded_down = down.decode()
         result = algorithm.client_update(decoded_down, record.state, data.train[cid], cctx)  # 3.
-        payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen)
+        payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen, round_)
         train_s.append(time.perf_counter() - t0)
         up_bits += ledger.record(round_, cid, "up", payload)
         decoded_up = payload.decode()
         uplinks.append(Uplink(cid, result.num_examples, decoded_up))
+        payloads.append(payload)
         uploaded = result.local_params
         if payload is not result.uplink and algorithm.uploaded_model is not None:
             uploaded = algorithm.uploaded_model(decoded_down, decoded_up)  # what the server got
@@ -229,6 +233,11 @@ def _one_round(
             }
         )
     t_server = time.perf_counter()
+    if compressor.server_hook is not None:  # e.g. SignSGD: every uplink becomes the vote
+        hooked = compressor.server_hook(payloads)
+        uplinks = [
+            Uplink(u.client_id, u.num_examples, t) for u, t in zip(uplinks, hooked, strict=True)
+        ]
     state.server = algorithm.server_update(state.server, uplinks, rctx)  # 4. server
     server_s = time.perf_counter() - t_server
     cum_bits += up_bits + down_bits

@@ -225,7 +225,7 @@ def test_identity_compressor_is_a_no_op() -> None:
     comp = build_compressor("none")
     state = comp.init()
     payload = encode_dense({"w": torch.randn(4, 4), "b": torch.randn(4)})
-    out, new_state = comp.encode(payload, state, torch.Generator().manual_seed(0))
+    out, new_state = comp.encode(payload, state, torch.Generator().manual_seed(0), 1)
     assert out.keys() == payload.keys()
     for k in payload:
         assert torch.equal(out[k].decode(), payload[k].decode())
