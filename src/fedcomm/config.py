@@ -19,6 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedcomm.algorithms import CONFIGS, AlgorithmConfig
 from fedcomm.algorithms._local import LocalConfig
+from fedcomm.comm.compressors.config import (  # noqa: F401  (part of the params schema)
+    CompressorConfig,
+    DgcCompressor,
+    FedPaqCompressor,
+    NoCompressor,
+    SignSgdCompressor,
+    StcCompressor,
+)
 
 
 class Strict(BaseModel):
@@ -227,51 +235,6 @@ def model_options(cfg: BaseModel) -> dict[str, Any]:
 
 
 # --- train -----------------------------------------------------------------------------------
-
-
-class NoCompressor(Strict):
-    """``none``: the uplink is sent as the algorithm encoded it."""
-
-    name: Literal["none"] = "none"
-
-
-class DgcCompressor(Strict):
-    """``dgc``: top-k with residuals and a density warm-up (:mod:`fedcomm.comm.compressors.dgc`)."""
-
-    name: Literal["dgc"] = "dgc"
-    density: float = Field(0.001, gt=0, le=1, description="kept fraction after the warm-up")
-    warmup_rounds: int = Field(4, ge=0, description="rounds of density max(density, 0.25**r)")
-    index_bits: int = Field(64, ge=1, description="bits per position (FedBIAD counts 64)")
-
-
-class StcCompressor(Strict):
-    """``stc``: sparse ternary with residuals (:mod:`fedcomm.comm.compressors.stc`)."""
-
-    name: Literal["stc"] = "stc"
-    density: float = Field(1 / 400, gt=0, le=1, description="kept fraction")
-    index_bits: int = Field(64, ge=1, description="bits per position (FedBIAD counts 64)")
-
-
-class SignSgdCompressor(Strict):
-    """``signsgd``: signs up, majority vote at the server (use ``server: {optimizer: sgd, lr:
-    η_s}``; :mod:`fedcomm.comm.compressors.signsgd`)."""
-
-    name: Literal["signsgd"] = "signsgd"
-    scale: bool = Field(False, description="also send mean |Δ| per tensor (+32 bits)")
-
-
-class FedPaqCompressor(Strict):
-    """``fedpaq``: unbiased stochastic quantisation (:mod:`fedcomm.comm.compressors.fedpaq`)."""
-
-    name: Literal["fedpaq"] = "fedpaq"
-    levels: int = Field(127, ge=1, description="magnitude levels s (127: 8 bits with the sign)")
-
-
-# Uplink compressor wrapping every algorithm's uplink; options = every field but ``name``.
-CompressorConfig = Annotated[
-    NoCompressor | DgcCompressor | StcCompressor | SignSgdCompressor | FedPaqCompressor,
-    Field(discriminator="name"),
-]
 
 
 class TrainConfig(Strict):

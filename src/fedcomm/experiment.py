@@ -186,9 +186,8 @@ def train_stage(
             algorithm.validate_model(model)
         except ValueError as err:
             raise ConfigError(f"algorithms.{run}: {err}") from None
-    compressor = build_compressor(
-        params.train.compressor.name, **params.train.compressor.model_dump(exclude={"name"})
-    )
+    comp_cfg = params.algorithm(run).uplink or params.train.compressor
+    compressor = build_compressor(comp_cfg.name, **comp_cfg.model_dump(exclude={"name"}))
     name = run_name(run, seed)
     ckpt = paths.checkpoints / name / "state.pt"
     previous = ckpt_mod.load(ckpt, chash) if resume else None

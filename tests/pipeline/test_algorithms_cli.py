@@ -53,3 +53,31 @@ def test_all_algorithms_train_evaluate_and_log(project: Path) -> None:
         assert "summary/final.global/accuracy" in logged
     summary = (project / "reports" / "summary.md").read_text()
     assert all(f"`{run}`" in summary for run in RUNS)
+
+
+def test_dropout_algorithms_with_dgc_run_from_params(project: Path) -> None:
+    """FedBIAD+DGC, AFD+DGC, FjORD+DGC: a per-run ``uplink`` compressor on top of the dropout."""
+    import polars as pl
+
+    dgc = {"name": "dgc", "density": 0.01, "warmup_rounds": 0}
+    algorithms = {
+        "fedbiad_dgc": {"name": "fedbiad", "p": 0.2, "uplink": dgc},
+        "afd_dgc": {"name": "afd", "p": 0.2, "uplink": dgc},
+        "fjord_dgc": {"name": "fjord", "q_max": 0.8, "uplink": dgc},
+        "fedbiad": {"name": "fedbiad", "p": 0.2},
+    }
+    raw = tiny_params(**{"experiment.runs": list(algorithms), "train.rounds": 2})
+    raw["algorithms"] = algorithms
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    cli = CliRunner()
+    assert cli.invoke(app, ["partition"]).exit_code == 0
+    up_bits = {}
+    for run in algorithms:
+        res = cli.invoke(app, ["train", "--run", run])
+        assert res.exit_code == 0, (run, res.output, res.exception)
+        ledger = pl.read_parquet(project / "runs" / f"{run}-s0" / "train" / "ledger.parquet")
+        up = ledger.filter(pl.col("direction") == "up")
+        up_bits[run] = int((up["payload_bits"] + up["index_bits"] + up["meta_bits"]).sum())
+        if run.endswith("_dgc"):
+            assert int(up["index_bits"].sum()) > 0  # DGC positions, 64 bits each
+    assert up_bits["fedbiad_dgc"] < up_bits["fedbiad"] / 5

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from fedcomm.algorithms._local import LocalConfig
+from fedcomm.comm.compressors.config import CompressorConfig
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
@@ -47,6 +48,8 @@ class AlgorithmConfig(BaseModel):
 
     name: str
     server: ServerOptConfig = Field(default_factory=ServerOptConfig)
+    # this run's uplink compressor (e.g. FedBIAD+DGC); null = train.compressor
+    uplink: CompressorConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import TypeGuard
 import torch
 from torch import Tensor
 
-from fedcomm.comm.payload import Dense, Entry, Payload
+from fedcomm.comm.payload import Dense, Entry, Free, Payload
 
 Residuals = dict[str, Tensor]  # entry name -> flat residual (N,)
 
@@ -43,8 +43,51 @@ def top_k_positions(a: Tensor, k: int) -> Tensor:
     return torch.sort(idx).values
 
 
-def accumulate(residuals: Mapping[str, Tensor], name: str, update: Tensor) -> Tensor:
-    """``a = r + Δ`` (flat). A residual from an entry of another size is dropped (r = 0)."""
+KEEP = "keep/"  # structured uplinks (FedDrop family, FedBIAD) send "keep/<param>" Free masks
+
+
+def located_masks(payload: Payload) -> dict[str, Tensor]:
+    """Flat bool masks locating each update entry's values in its full parameter, where the
+    payload carries them (``keep/<param>`` next to ``<param>`` or ``w/<param>``)."""
+    out: dict[str, Tensor] = {}
+    for name in payload:
+        for key in (KEEP + name, KEEP + name.removeprefix("w/")):
+            entry = payload.get(key)
+            if isinstance(entry, Free) and entry.value.dtype == torch.bool:
+                out[name] = entry.value.reshape(-1)
+                break
+    return out
+
+
+def accumulate(
+    residuals: Mapping[str, Tensor], name: str, update: Tensor, mask: Tensor | None = None
+) -> Tensor:
+    """``a = r + Δ`` over the sent values (flat).
+
+    With a ``mask`` (the values are the masked entries of a full parameter, as in dropout-style
+    uplinks) the residual is kept in full-parameter coordinates and read at the mask, so it
+    follows each coordinate across rounds whatever rows are kept. Without one, a residual from
+    an entry of another size is dropped (r = 0).
+    """
     flat = update.reshape(-1)
     r = residuals.get(name)
+    if mask is not None:
+        return flat.clone() if r is None or r.shape != mask.shape else r[mask] + flat
     return flat.clone() if r is None or r.shape != flat.shape else r + flat
+
+
+def store_residual(
+    residuals: Mapping[str, Tensor], name: str, kept: Tensor, mask: Tensor | None
+) -> Tensor:
+    """The new residual: ``kept`` (flat, over the sent values), scattered into the full-size
+    residual at ``mask`` when there is one (entries not sent this round keep theirs)."""
+    if mask is None:
+        return kept
+    old = residuals.get(name)
+    full = (
+        torch.zeros(mask.shape, dtype=kept.dtype)
+        if old is None or old.shape != mask.shape
+        else old.clone()
+    )
+    full[mask] = kept
+    return full

@@ -28,7 +28,9 @@ from fedcomm.comm.compressors._common import (
     accumulate,
     check_density,
     keep_count,
+    located_masks,
     map_updates,
+    store_residual,
     top_k_positions,
 )
 from fedcomm.comm.payload import Payload, Sparse
@@ -54,14 +56,15 @@ def dgc(density: float = 0.001, warmup_rounds: int = 4, index_bits: int = 64) ->
     ) -> tuple[Payload, Residuals]:
         d = warmup_density(density, warmup_rounds, round_)
         new_state = dict(state)
+        masks = located_masks(payload)
 
         def one(name: str, values: Tensor) -> Sparse:
-            a = accumulate(state, name, values)  # (N,)
+            a = accumulate(state, name, values, masks.get(name))  # (N,)
             pos = top_k_positions(a, keep_count(d, a.numel()))  # (k,) -> k·index_bits bits
             sent = a[pos]  # (k,) -> k·32 bits
             res = a.clone()
             res[pos] = 0
-            new_state[name] = res
+            new_state[name] = store_residual(state, name, res, masks.get(name))
             return Sparse(sent, pos, tuple(values.shape), "coo", index_bits)
 
         return map_updates(payload, one), new_state

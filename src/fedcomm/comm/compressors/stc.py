@@ -28,7 +28,9 @@ from fedcomm.comm.compressors._common import (
     accumulate,
     check_density,
     keep_count,
+    located_masks,
     map_updates,
+    store_residual,
     top_k_positions,
 )
 from fedcomm.comm.compressors._entries import Ternary
@@ -46,14 +48,17 @@ def stc(density: float = 1 / 400, index_bits: int = 64) -> Compressor:
         payload: Payload, state: Residuals, generator: torch.Generator, round_: int
     ) -> tuple[Payload, Residuals]:
         new_state = dict(state)
+        masks = located_masks(payload)
 
         def one(name: str, values: Tensor) -> Ternary:
-            a = accumulate(state, name, values)  # (N,)
+            a = accumulate(state, name, values, masks.get(name))  # (N,)
             pos = top_k_positions(a, keep_count(density, a.numel()))  # (k,)
             kept = a[pos]
             mu = kept.abs().mean() if pos.numel() else torch.zeros((), dtype=a.dtype)
             entry = Ternary(pos, kept > 0, mu, tuple(values.shape), index_bits)
-            new_state[name] = a - entry.decode().reshape(-1)
+            new_state[name] = store_residual(
+                state, name, a - entry.decode().reshape(-1), masks.get(name)
+            )
             return entry
 
         return map_updates(payload, one), new_state

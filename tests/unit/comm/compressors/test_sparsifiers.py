@@ -129,3 +129,32 @@ def test_residual_state_is_new_and_per_entry() -> None:
     assert s2["b"] is s1["b"]  # an entry absent this round keeps its residual
     _, s3 = comp.encode(encode_dense({"w": torch.ones(3)}), s2, _gen(), 3)
     assert s3["w"].numel() == 3  # a residual of another size is dropped, not misapplied
+
+
+def test_residuals_follow_coordinates_of_masked_uploads() -> None:
+    """Dropout-style uplinks send the kept entries of a parameter as a flat vector with a
+    ``keep/<param>`` mask; DGC's residual must stay in full-parameter coordinates."""
+    from fedcomm.comm.codecs import build_compressor
+    from fedcomm.comm.payload import Dense, Free, Payload
+
+    comp = build_compressor("dgc", density=0.25, warmup_rounds=0, index_bits=64)
+    g = torch.Generator().manual_seed(0)
+    update = torch.arange(1.0, 9.0)  # full parameter of 8 entries
+    m1 = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    m2 = torch.tensor([0, 0, 1, 1, 1, 1, 0, 0], dtype=torch.bool)
+    p1 = Payload({"w/x": Dense(update[m1]), "keep/x": Free(m1)})
+    out1, state = comp.encode(p1, comp.init(), g, 1)
+    r1 = state["w/x"]
+    assert r1.shape == (8,)  # full coordinates
+    sent1 = torch.zeros(8)
+    sent1[m1] = out1.decode()["w/x"].reshape(-1)
+    torch.testing.assert_close(sent1 + r1, torch.where(m1, update, torch.zeros(8)))
+    p2 = Payload({"w/x": Dense(update[m2]), "keep/x": Free(m2)})
+    out2, state2 = comp.encode(p2, state, g, 2)
+    r2 = state2["w/x"]
+    sent2 = torch.zeros(8)
+    sent2[m2] = out2.decode()["w/x"].reshape(-1)
+    expected = r1.clone()
+    expected[m2] += update[m2]  # a = r + Δ at the kept coordinates only
+    torch.testing.assert_close(sent2 + r2, expected)
+    assert torch.equal(r2[~m2], r1[~m2])  # coordinates not sent keep their residual
