@@ -374,6 +374,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     data, _ = load_federated(params, paths)
     model = build_run_model(params, data, seed)
     final = load_sparse(trained / "model.safetensors")
+    summary["upload"] = upload_summary(ledger)
     members = split_members(final)  # an ensemble (fedavg_mog) is evaluated as one
     g = evaluate(model, members, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
     per_client = [
@@ -420,6 +421,19 @@ def _run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
         runs, paths[2], metric="global/accuracy", title=f"{name}: global accuracy vs round"
     )
     return paths
+
+
+def upload_summary(ledger: pl.DataFrame) -> dict[str, float | None]:
+    """Mean upload per client per round (one up message), in bytes and decimal KB (FedBIAD's
+    Table I/II unit), and the same for the dense reference of that content."""
+    up = ledger.filter(pl.col("direction") == "up")
+    if up.height == 0:
+        return {"bytes_per_client_round": None, "kb_per_client_round": None}
+    sent = (up["payload_bits"] + up["index_bits"] + up["meta_bits"]).mean()
+    return {
+        "bytes_per_client_round": float(sent) / 8,  # type: ignore[arg-type]
+        "kb_per_client_round": float(sent) / 8 / 1000,  # type: ignore[arg-type]
+    }
 
 
 def _eval_row(r: Any) -> dict[str, Any]:

@@ -98,6 +98,27 @@ def _fmt(mean: Any, se: Any, pct: bool) -> str:
     return f"{text} ± {100 * se:.2f}" if pct else f"{text} ± {se:.2g}"
 
 
+def upload_section(aggs: dict[str, dict[str, Any]]) -> str:
+    """Upload per client per round (decimal KB), its save ratio against the ``fedavg`` run (if
+    the experiment has one), and the local training time per round (LTTR)."""
+
+    def mean(agg: dict[str, Any], *path: str) -> Any:
+        node: Any = agg
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node.get("mean") if isinstance(node, dict) else None
+
+    base = mean(aggs["fedavg"], "upload", "kb_per_client_round") if "fedavg" in aggs else None
+    rows = ["| Run | Upload per client per round (KB) | Save ratio vs `fedavg` | LTTR (s) |"]
+    rows.append("|---|---:|---:|---:|")
+    for run, agg in aggs.items():
+        kb = mean(agg, "upload", "kb_per_client_round")
+        ratio = f"{base / kb:.2f}x" if base and kb else "–"
+        lttr = mean(agg, "time", "client_s_mean")
+        rows.append(f"| `{run}` | {_fmt(kb, None, False)} | {ratio} | {_fmt(lttr, None, False)} |")
+    return "## Upload per client per round\n\n" + "\n".join(rows)
+
+
 def budget_and_target_sections(summaries: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Markdown tables: best global accuracy within each GiB budget; round, GiB and
     time-to-accuracy (link model) to reach each target (seeds that never did are left out)."""
@@ -117,6 +138,7 @@ def budget_and_target_sections(summaries: dict[str, list[dict[str, Any]]]) -> li
         sections.append(
             "## Best global accuracy (%) within a communication budget\n\n" + "\n".join(rows)
         )
+    sections.append(upload_section(aggs))
     targets = sorted({t for a in aggs.values() for t in a.get("to_target", {})}, key=float)
     if targets:
         rows = [

@@ -68,6 +68,7 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
         assert f"`{run}`" in summary
     assert "## Best global accuracy (%) within a communication budget" in summary
     assert "## Reaching a target global accuracy" in summary
+    assert "## Upload per client per round" in summary
     for png in ("global_accuracy_vs_gib", "local_accuracy_vs_gib", "accuracy_vs_round"):
         assert (repo / "reports" / "plots" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
     metrics = json.loads((repo / "reports" / "metrics.json").read_text())
@@ -79,6 +80,8 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
     assert run_metrics["saved_model"]["global/accuracy"] == pytest.approx(
         run_metrics["final"]["global/accuracy"]
     )
+    # mlp 64-16-10: 1,210 fp32 parameters per dense upload
+    assert run_metrics["upload"]["bytes_per_client_round"] == 1210 * 4
     # one MLflow run per (algorithm, seed), finished, with the per-round curves and artifacts
     assert _runs(repo) == [
         ("fedadam-s0", "FINISHED", ""),
