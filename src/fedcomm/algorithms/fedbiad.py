@@ -262,7 +262,9 @@ def aggregate(
 def encode_upload(
     params: Mapping[str, Tensor], specs: Sequence[GroupSpec], beta: Mapping[str, Tensor]
 ) -> Payload:
-    """``w/<param>``: kept rows' values (32 bits each; unrowed parameters whole), ``mask/<spec>``:
+    """``w/<param>``: kept rows' updates ``U_k − U_{r−1}`` (32 bits each; unrowed parameters
+    whole; the update rather than the weights, so that uplink compressors such as DGC compress
+    the update, as FedBIAD+DGC requires — the same bits), ``mask/<spec>``:
     ``β`` (1 bit per row), ``keep/<param>``: the entry masks ``β`` expands to (``Free``: the
     server rebuilds them from ``β`` and the model structure)."""
     entries: dict[str, Entry] = dict(encode_groups(params, specs, beta, send_masks=True))
@@ -272,16 +274,17 @@ def encode_upload(
 
 
 def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
-    """``β_k ∘ U_k``: the kept rows' values, zeros on the dropped rows (unrowed: as sent)."""
+    """``β_k ∘ U_k`` from the downloaded ``U_{r−1}`` and the sent updates: zeros on dropped
+    rows (unrowed parameters: ``U_{r−1}`` + their update)."""
     out: Params = {}
     for name, ref in down.items():
         values = up[f"w/{name}"]
         keep = up.get(KEEP + name)
         if keep is None:
-            out[name] = values.reshape(ref.shape)
+            out[name] = ref + values.reshape(ref.shape)
         else:
             out[name] = torch.zeros_like(ref)
-            out[name][keep.bool()] = values
+            out[name][keep.bool()] = ref[keep.bool()] + values
     return out
 
 
@@ -386,7 +389,7 @@ def make(cfg: Config) -> FedAlgorithm:
         local_params = {k: t * sent[k] if k in sent else t for k, t in trained.items()}
         kept_rows = sum(int(b.sum()) for b in beta.values())
         return ClientResult(
-            uplink=encode_upload(trained, specs, beta),
+            uplink=encode_upload({k: trained[k] - down[k] for k in trained}, specs, beta),
             state=ClientState({k: v.detach() for k, v in scores.items()}),
             local_params=local_params,
             num_examples=data.num_examples,
@@ -405,8 +408,15 @@ def make(cfg: Config) -> FedAlgorithm:
         values, kept = [], []
         for u in uplinks:
             beta = {s.name: u.tensors[MASK + s.name].bool() for s in state.specs}
-            values.append(decode_groups(u.tensors, state.params, state.specs, beta))
-            kept.append(entry_masks(state.specs, beta, state.params))
+            update = decode_groups(u.tensors, state.params, state.specs, beta)  # 0 off the rows
+            masks = entry_masks(state.specs, beta, state.params)
+            values.append(  # β_k ∘ U_k
+                {
+                    k: torch.where(masks[k], p + update[k], 0.0) if k in masks else p + update[k]
+                    for k, p in state.params.items()
+                }
+            )
+            kept.append(masks)
         weights = client_weights(uplinks, cfg.weighting)
         delta, held = aggregate(state.params, values, kept, weights, cfg.aggregation)
         step, opt_state = opt.update(delta, state.opt_state)

@@ -291,15 +291,18 @@ def test_ledger_through_the_loop(fed: FederatedTensors) -> None:
 # --- aggregation -----------------------------------------------------------------------------
 
 
-def _hand_uplinks(model: nn.Module) -> list[Uplink]:
+def _hand_uplinks(model: nn.Module, prev: dict[str, torch.Tensor]) -> list[Uplink]:
+    """Clients A and B end local training at ``a`` and ``b``; they upload ``U_k − U_{r−1}``."""
     specs = fedbiad.row_specs(model, True)
     a = {"0.weight": torch.tensor([[2.0], [4.0], [-7.0]]), "0.bias": torch.tensor([0.5, 1.5, -7.0])}
     b = {"0.weight": torch.tensor([[6.0], [-9.0], [-9.0]]), "0.bias": torch.tensor([2.5, -9, -9])}
     beta_a = {"0": torch.tensor([True, True, False])}
     beta_b = {"0": torch.tensor([True, False, False])}
+    delta_a = {k: a[k] - prev[k] for k in a}
+    delta_b = {k: b[k] - prev[k] for k in b}
     return [
-        Uplink(0, 1, fedbiad.encode_upload(a, specs, beta_a).decode()),
-        Uplink(1, 3, fedbiad.encode_upload(b, specs, beta_b).decode()),
+        Uplink(0, 1, fedbiad.encode_upload(delta_a, specs, beta_a).decode()),
+        Uplink(1, 3, fedbiad.encode_upload(delta_b, specs, beta_b).decode()),
     ]
 
 
@@ -322,7 +325,7 @@ def test_eq10_and_masked_aggregation_by_hand(
     prev = {"0.weight": torch.tensor([[10.0], [20.0], [30.0]]), "0.bias": torch.tensor([1.0, 2, 3])}
     alg = build_algorithm(fedbiad.Config(aggregation=aggregation))  # type: ignore[arg-type]
     state = alg.init_server(prev, RoundContext(0, torch.Generator(), 0, model))
-    new = alg.server_update(state, _hand_uplinks(model), RoundContext(1, torch.Generator()))
+    new = alg.server_update(state, _hand_uplinks(model, prev), RoundContext(1, torch.Generator()))
     torch.testing.assert_close(new.params["0.weight"].squeeze(1), torch.tensor(weight))
     torch.testing.assert_close(new.params["0.bias"], torch.tensor(bias))
 
