@@ -78,6 +78,26 @@ def decode_kept(decoded: Mapping[str, Tensor]) -> Params:
     return out
 
 
+def submodel_result(
+    trained: Mapping[str, Tensor],
+    sub: Mapping[str, Tensor],
+    keep: Mapping[str, Tensor],
+    data: ClientData,
+    metrics: Mapping[str, float],
+    prefix: str,
+) -> ClientResult:
+    """A sub-model client's result: the update on the kept entries up (32 bits each, the keep
+    masks free), the trained sub-model as its local model, ``<prefix>/submodel_fraction``."""
+    held = sum(int(m.sum()) for m in keep.values()) / sum(m.numel() for m in keep.values())
+    return ClientResult(
+        uplink=Payload(encode_kept({k: trained[k] - sub[k] for k in sub}, keep)),
+        state=None,
+        local_params=dict(trained),
+        num_examples=data.num_examples,
+        metrics={**metrics, f"{prefix}/submodel_fraction": held},
+    )
+
+
 def unit_layers(model: nn.Module | None) -> tuple[GroupSpec, ...]:
     """``rows(model)`` if ``model`` is a sequential Linear/Conv chain, else ValueError."""
     specs = tuple(rows(model)) if isinstance(model, MLP | ConvNet) else ()
@@ -208,14 +228,7 @@ def build(cfg: Config) -> FedAlgorithm:
             return {k: g * keep[k] for k, g in grads.items()}
 
         res = _local.local_sgd(ctx.model, sub, data, ctx.local, ctx.generator, grad_hook=hook)
-        held = sum(int(m.sum()) for m in keep.values()) / sum(m.numel() for m in keep.values())
-        return ClientResult(
-            uplink=Payload(encode_kept({k: res.params[k] - sub[k] for k in sub}, keep)),
-            state=None,
-            local_params=res.params,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss, "feddrop/submodel_fraction": held},
-        )
+        return submodel_result(res.params, sub, keep, data, {"train/loss": res.loss}, "feddrop")
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext

@@ -48,7 +48,13 @@ from fedcomm.algorithms.base import (
     register,
     weighted_mean,
 )
-from fedcomm.algorithms.feddrop import decode_kept, encode_kept, keep_masks, uploaded_model
+from fedcomm.algorithms.feddrop import (
+    decode_kept,
+    encode_kept,
+    keep_masks,
+    submodel_result,
+    uploaded_model,
+)
 from fedcomm.algorithms.heterofl import sequential_layers, slice_masks, validate_model
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
@@ -172,18 +178,9 @@ def build(cfg: Config) -> FedAlgorithm:
             losses.append(loss)
         mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
         params = {k: live[k] for k in sub}
-        held = sum(int(m.sum()) for m in keep.values()) / sum(m.numel() for m in keep.values())
-        return ClientResult(
-            uplink=Payload(encode_kept({k: params[k] - sub[k] for k in sub}, keep)),
-            state=None,
-            local_params=params,
-            num_examples=data.num_examples,
-            metrics={
-                "train/loss": mean_loss,
-                "fjord/submodel_fraction": held,
-                "fjord/mean_width": sum(widths) / len(widths) if widths else float("nan"),
-            },
-        )
+        mean_width = sum(widths) / len(widths) if widths else float("nan")
+        metrics = {"train/loss": mean_loss, "fjord/mean_width": mean_width}
+        return submodel_result(params, sub, keep, data, metrics, "fjord")
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext

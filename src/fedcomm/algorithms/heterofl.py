@@ -61,6 +61,7 @@ from fedcomm.algorithms.feddrop import (
     encode_kept,
     keep_masks,
     param_masks,
+    submodel_result,
     unit_layers,
     uploaded_model,
 )
@@ -195,14 +196,7 @@ def build(cfg: Config) -> FedAlgorithm:
             grad_hook=hook,
             param_map=param_map if maps else None,
         )
-        held = sum(int(m.sum()) for m in keep.values()) / sum(m.numel() for m in keep.values())
-        return ClientResult(
-            uplink=Payload(encode_kept({k: res.params[k] - sub[k] for k in sub}, keep)),
-            state=None,
-            local_params=res.params,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss, "heterofl/submodel_fraction": held},
-        )
+        return submodel_result(res.params, sub, keep, data, {"train/loss": res.loss}, "heterofl")
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
