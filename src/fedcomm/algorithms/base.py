@@ -14,7 +14,10 @@ optax's state discipline), built from its pydantic config by a registered builde
   ensemble returns its members joined by :func:`join_members`; evaluation then averages the
   members' softmax outputs and logs each member's accuracy);
 * ``uploaded_model(downlink, uplink) -> Params`` (optional) the model a decoded upload stands
-  for, so that local accuracy measures what was actually sent when a compressor is lossy.
+  for, so that local accuracy measures what was actually sent when a compressor is lossy;
+* ``warm_start(server_state, train, ctx) -> (server_state, messages)`` (optional) work on
+  clients' data before round 1 (GraSP pruning at initialisation, PruneFL's phase one); the
+  messages it returns (``client_id, direction, payload``) are charged to the ledger as round 0.
 
 The round loop (:mod:`fedcomm.simulation.loop`) owns sampling, encoding, accounting and
 evaluation; algorithms never see the ledger. Adding an algorithm = one module with a ``Config``
@@ -33,6 +36,7 @@ from torch import Tensor, nn
 
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.comm.compressors.config import CompressorConfig
+from fedcomm.comm.ledger import Direction
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
@@ -89,6 +93,20 @@ class ClientContext:
 
 
 @dataclass(frozen=True)
+class WarmStartContext:
+    """What ``warm_start`` may use before round 1: a generator ``(seed, SERVER, 0)``, the run's
+    seed, the model structure and the local hyper-parameters."""
+
+    generator: torch.Generator
+    seed: int
+    model: nn.Module
+    local: LocalConfig
+
+
+Message = tuple[int, Direction, Payload]  # (client_id, "up" | "down", payload)
+
+
+@dataclass(frozen=True)
 class ClientResult:
     """What ``client_update`` returns."""
 
@@ -130,6 +148,15 @@ class FedAlgorithm:
     uploaded_model: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], Params] | None = None
     # raises ValueError if the algorithm cannot run on this model (checked before any training)
     validate_model: Callable[[nn.Module], None] | None = None
+    # work before round 1 on clients' train splits (indexed by client id); its messages are
+    # charged as round 0
+    warm_start: (
+        Callable[
+            [ServerState, Sequence[ClientData], WarmStartContext],
+            tuple[ServerState, Sequence[Message]],
+        ]
+        | None
+    ) = None
 
 
 C = TypeVar("C", bound=AlgorithmConfig)

@@ -37,6 +37,7 @@ from fedcomm.algorithms.base import (
     FedAlgorithm,
     RoundContext,
     Uplink,
+    WarmStartContext,
     split_members,
 )
 from fedcomm.comm import bits
@@ -129,9 +130,15 @@ def run(
     if state is None:
         init = {k: v.detach().clone() for k, v in model.named_parameters()}
         state = checkpoint.RunState(config_hash=config_hash)
-        state.server = algorithm.init_server(
-            init, RoundContext(0, torch_generator(cfg.seed, Stream.SERVER, 0), cfg.seed, model)
-        )
+        gen = torch_generator(cfg.seed, Stream.SERVER, 0)
+        state.server = algorithm.init_server(init, RoundContext(0, gen, cfg.seed, model))
+        if algorithm.warm_start is not None:  # e.g. GraSP, PruneFL phase one: round 0
+            warm = Ledger([])
+            wctx = WarmStartContext(gen, cfg.seed, model, cfg.local)
+            state.server, messages = algorithm.warm_start(state.server, data.train, wctx)
+            for cid, direction, payload in messages:
+                warm.record(0, cid, direction, payload)
+            state.ledger_rows = warm.rows
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
     if checkpoint_path is not None and resumed_from == 0:

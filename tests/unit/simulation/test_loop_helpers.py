@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -55,3 +57,45 @@ def test_cohort_is_sorted_distinct_and_seeded() -> None:
     assert c != sample_cohort(3, 6, 100, 10)
     with pytest.raises(ValueError, match="clients_per_round"):
         sample_cohort(3, 5, 4, 10)
+
+
+def test_warm_start_runs_once_and_is_charged_as_round_zero(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from fedcomm.algorithms import fedavg
+    from fedcomm.algorithms._local import LocalConfig
+    from fedcomm.comm.codecs import build_compressor, encode_dense
+    from fedcomm.models import build_model
+    from fedcomm.simulation import loop
+    from tests.conftest import digits_federation
+
+    fed = digits_federation(4)
+    calls: list[int] = []
+
+    def warm_start(state: Any, train: Any, ctx: Any) -> Any:
+        calls.append(len(train))
+        zeroed = {k: torch.zeros_like(v) for k, v in state.params.items()}
+        return replace(state, params=zeroed), [(2, "up", encode_dense({"w": torch.ones(10)}))]
+
+    algo = replace(fedavg.build(fedavg.Config()), warm_start=warm_start)
+    cfg = loop.LoopConfig(
+        rounds=2, clients_per_round=2, local=LocalConfig(steps=1, epochs=None, batch_size=8),
+        seed=0, eval_every=2, checkpoint_every=1,
+    )  # fmt: skip
+
+    def run(resume: bool) -> loop.RunResult:
+        torch.manual_seed(0)
+        model = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[8])
+        return loop.run(
+            cfg, algo, model, fed, build_compressor("none"), config_hash="h",
+            checkpoint_path=tmp_path / "ckpt", resume=resume,
+        )  # fmt: skip
+
+    res = run(resume=False)
+    assert calls == [4]  # once, with every client's train split
+    round0 = [r for r in res.ledger.rows if r[0] == 0]
+    assert round0 == [(0, 2, "up", 320, 0, 0, 320)]
+    up1 = sum(r[3] + r[4] + r[5] for r in res.ledger.rows if r[0] == 1)
+    assert res.state.round_rows[0]["comm/cum_bytes"] == (320 + up1) / 8
+    again = run(resume=True)  # finished: nothing runs again, the warm start included
+    assert calls == [4] and again.ledger.rows == res.ledger.rows
