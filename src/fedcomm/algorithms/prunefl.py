@@ -1,0 +1,448 @@
+"""PruneFL: adaptive unstructured pruning, first on one client, then federated.
+
+Jiang et al., "Model Pruning Enables Efficient Federated Learning on Edge Devices", IEEE TNNLS
+2022 (arXiv:1909.12326), as FedDST's official ``prunefl.py`` / ``models.prunefl_readjust`` run
+it (``specs/feddst-progfed.md`` §1(c), §1(d)). Maskable: the ``weight`` of every Conv/Linear
+layer (first and last included); biases and everything else are dense and never masked.
+
+Readjustment (:func:`readjust`, from gradients ``g`` of the maskable entries, per-entry times
+``t_l`` of their layers and the pruned fraction ``p``): take entries in descending ``g²`` while
+``g²/t_l ≥ Σ g²/(c + Σ t)`` over the entries already taken (``c``: ``time_offset``, the code's
+``t = 0.2``) or while at most ``(1 − p)·N`` have been taken (the code's ``n_grown <= n_required``,
+so ``⌊(1 − p)·N⌋ + 1`` are always kept); stop at the first entry that meets neither. The mask is
+the entries taken. ``p = p_initial`` in phase one, ``p_federated · p_decay^j`` at the j-th
+federated readjustment (``p_exponent: round``: the code's ``0.3·0.5^server_round``, 0-based).
+
+Per-entry times: the code hard-codes measured per-layer times; we cannot measure devices, so
+``layer_time`` is ``uniform`` (default: every entry costs the same, i.e. a layer's time is
+proportional to its parameter count), ``flops`` (an entry costs the multiply-adds it does per
+example: output positions of a conv, 1 for a linear layer, measured on one training example),
+both scaled so that the dense model takes time 1 (``c = 0.2`` then means a fixed per-round
+overhead of 20 % of a dense round, close to the code's 0.2 s against ≈ 1.13 s for CIFAR-10), or
+a list of per-entry times, one per maskable layer in model order, in the units of ``c`` (the
+code's CIFAR-10 list with ``c = 0.2`` reproduces it).
+
+* Phase one (``warm_start``, before round 1): one client drawn uniformly from those with data
+  runs up to ``initial_rounds`` local rounds (each: local training per ``train.local``) from the
+  initial model, readjusting with its last-minibatch gradient in local rounds
+  ``first_readjust, first_readjust + initial_readjust_every, …``; it stops early once
+  ``early_stop_patience`` consecutive readjustments each changed less than ``early_stop_churn``
+  of the mask. Its resulting sparse model becomes the global model. Charged once, at round 0:
+  the client's upload of the active values, the biases and the mask (1 bit per maskable entry);
+  the initial model it starts from is a seed (free), as in FedDST.
+* Round ``r``: the server sends the active values and the dense parameters (32 bits each), plus
+  the mask (1 bit per maskable entry) only when the mask changed since this client last got one
+  (clients start holding the all-ones mask, as in FedDST; otherwise the mask is ``Free``: the
+  client reuses its copy). The client trains only active weights (masked-out weights zeroed
+  after every step) and uploads its update on the active entries and the dense parameters
+  (32·d·N_m + 32·B bits). In rounds ``first_readjust + k·readjust_every`` it also uploads its
+  dense last-minibatch gradient of every maskable entry (32·N_m bits). Clients never change the
+  mask.
+* Server: ``w ← mask ⊙ (w + server_opt(Σ_k n_k Δ_k / Σ_k n_k))`` (the default ``sgd``, lr 1, is
+  the weighted average of the active values); in readjustment rounds it then averages the
+  gradients (unweighted, as the code) and readjusts the mask; weights leaving it are zeroed,
+  entering ones start at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from pydantic import Field, PositiveFloat
+from torch import Tensor, nn
+
+from fedcomm.algorithms import _local
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    FedAlgorithm,
+    Message,
+    RoundContext,
+    Uplink,
+    WarmStartContext,
+    client_weights,
+    clone_params,
+    register,
+    weighted_mean,
+)
+from fedcomm.comm.payload import Dense, Entry, Free, Mask, Payload
+from fedcomm.server_opt import OptState, apply_step
+from fedcomm.types import Params
+
+W = "w/"  # f"w/{param}": active values (maskable) or the whole tensor (dense), 32 bits each
+MASK = "mask/"  # f"mask/{param}": the mask (Mask: 1 bit per entry; Free: the client's own copy)
+GRAD = "grad/"  # f"grad/{param}": the dense last-minibatch gradient (readjustment rounds only)
+VERSION = "mask_version"  # Free: which mask the client now holds (simulator bookkeeping)
+MASKABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+class Config(AlgorithmConfig):
+    name: Literal["prunefl"] = "prunefl"
+    initial_rounds: int = Field(
+        5, ge=0, description="phase one's local rounds at most (code default 5; README runs 1000)"
+    )
+    initial_readjust_every: int = Field(
+        50, ge=1, description="phase one: rounds between readjustments"
+    )
+    readjust_every: int = Field(50, ge=1, description="federated rounds between readjustments")
+    first_readjust: int = Field(
+        2, ge=1, description="first readjusting round of each phase, 1-based (the code's r = 1)"
+    )
+    p_initial: float = Field(0.3, ge=0, le=1, description="pruned fraction p in phase one")
+    p_federated: float = Field(0.3, ge=0, le=1, description="p = p_federated · p_decay^j")
+    p_decay: float = Field(0.5, ge=0, le=1)
+    p_exponent: Literal["readjustment", "round"] = Field(
+        "readjustment", description="j: the federated readjustment's index, or round − 1 (code)"
+    )
+    early_stop_patience: int = Field(
+        5, ge=1, description="phase one stops after this many consecutive small readjustments"
+    )
+    early_stop_churn: float = Field(
+        0.1, gt=0, le=1, description="a readjustment is small if it changes < this of the mask"
+    )
+    layer_time: Literal["uniform", "flops"] | list[PositiveFloat] = Field(
+        "uniform", description="per-entry time of each maskable layer (see the module docstring)"
+    )
+    time_offset: float = Field(0.2, ge=0, description="c: fixed time per round (the code's 0.2)")
+    weighting: Literal["num_examples", "uniform"] = "num_examples"
+
+
+@dataclass(frozen=True)
+class ClientState:
+    mask_version: int = 0  # the mask the client holds; 0 = the all-ones mask it starts with
+
+
+@dataclass(frozen=True)
+class ServerState:
+    params: Params  # zero outside the mask
+    opt_state: OptState
+    masks: dict[str, Tensor]  # bool, one per maskable parameter
+    times: dict[str, float] | None  # per-entry time per maskable layer (flops: set by phase one)
+    mask_version: int = 0  # bumped whenever the mask changes
+    readjustments: int = 0  # federated readjustments so far
+    churn: float | None = None  # fraction of the mask changed by this round's readjustment
+    p: float | None = None  # the pruned fraction used by this round's readjustment
+    phase_one_rounds: int = 0
+
+
+# --- pure pieces -------------------------------------------------------------------------------
+
+
+def maskable(model: nn.Module) -> list[str]:
+    """Names of the Conv/Linear ``weight`` parameters, in model order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, None] = {}  # ordered, shared weights once
+    for mod in model.modules():
+        w = getattr(mod, "weight", None)
+        if isinstance(mod, MASKABLE) and isinstance(w, Tensor) and id(w) in names:
+            out[names[id(w)]] = None
+    return list(out)
+
+
+def validate_model(model: nn.Module) -> None:
+    if not maskable(model):
+        raise ValueError(f"prunefl: {type(model).__name__} has no Conv/Linear weight to prune")
+
+
+def entry_times(
+    model: nn.Module, how: str | Sequence[float], example: Tensor | None
+) -> dict[str, float]:
+    """Per-entry time of each maskable layer: ``uniform``, ``flops`` (needs one ``example``
+    input; entries of a layer cost its output positions per example) — both scaled so the dense
+    model takes 1 — or the given list as is."""
+    names = maskable(model)
+    if not isinstance(how, str):
+        if len(how) != len(names):
+            raise ValueError(f"prunefl: layer_time has {len(how)} times for {len(names)} layers")
+        return {n: float(t) for n, t in zip(names, how, strict=True)}
+    params = dict(model.named_parameters())
+    if how == "uniform":
+        raw = dict.fromkeys(names, 1.0)
+    else:
+        if example is None:
+            raise ValueError("prunefl: layer_time=flops needs an example input")
+        raw = _positions(model, example)
+    total = sum(raw[n] * params[n].numel() for n in names)
+    return {n: raw[n] / total for n in names}
+
+
+def _positions(model: nn.Module, example: Tensor) -> dict[str, float]:
+    """Output positions per example of each maskable layer (summed over its calls)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen: dict[str, float] = {}
+    hooks = []
+    for mod in model.modules():
+        if isinstance(mod, MASKABLE) and id(mod.weight) in names:
+            name = names[id(mod.weight)]
+
+            def hook(m: nn.Module, i: object, out: Tensor, name: str = name) -> None:
+                channels = out.shape[-1] if isinstance(m, nn.Linear) else out.shape[1]
+                seen[name] = seen.get(name, 0.0) + out.numel() / channels  # batch of one
+
+            hooks.append(mod.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(example.unsqueeze(0))
+    finally:
+        for h in hooks:
+            h.remove()
+    return {n: seen.get(n, 1.0) for n in maskable(model)}
+
+
+def readjust(
+    grads: Mapping[str, Tensor], times: Mapping[str, float], p: float, offset: float
+) -> dict[str, Tensor]:
+    """PruneFL's new mask (bool, per key of ``grads``): entries in descending ``g²`` (ties in
+    key-then-index order) while ``g²/t ≥ Σg²/(c + Σt)`` over those taken, or while at most
+    ``(1 − p)·N`` are taken."""
+    names = list(grads)
+    g2 = torch.cat([grads[n].detach().reshape(-1).double() ** 2 for n in names])  # (N,)
+    t = torch.cat([torch.full((grads[n].numel(),), times[n], dtype=torch.float64) for n in names])
+    order = torch.sort(g2, descending=True, stable=True).indices
+    g2s, ts = g2[order], t[order]
+    before_g2 = torch.cumsum(g2s, 0) - g2s  # Σg² of the entries taken before this one
+    denom = offset + torch.cumsum(ts, 0) - ts
+    bar = torch.where(denom > 0, before_g2 / denom.clamp_min(1e-300), 0.0)
+    floor = round((1.0 - p) * g2.numel(), 9)  # guarded: 0.7·10 = 7.000000000000001
+    ok = (g2s / ts >= bar) | (torch.arange(g2.numel(), dtype=torch.float64) <= floor)
+    kept = int(ok.numel()) if bool(ok.all()) else int((~ok).nonzero()[0])
+    flat = torch.zeros(g2.numel(), dtype=torch.bool)
+    flat[order[:kept]] = True
+    pieces = flat.split([grads[n].numel() for n in names])
+    return {n: m.reshape(grads[n].shape) for n, m in zip(names, pieces, strict=True)}
+
+
+def churn(old: Mapping[str, Tensor], new: Mapping[str, Tensor]) -> float:
+    """Fraction of maskable entries whose mask bit changed (the code's ``n_differences / N``)."""
+    flips = sum(int((old[n] ^ new[n]).sum()) for n in new)
+    return flips / max(1, sum(m.numel() for m in new.values()))
+
+
+def prune_fraction(cfg: Config, readjustment: int, round_: int) -> float:
+    """``p`` at the ``readjustment``-th federated readjustment (1-based), in round ``round_``."""
+    j = readjustment if cfg.p_exponent == "readjustment" else round_ - 1
+    return cfg.p_federated * cfg.p_decay**j
+
+
+def is_readjust(round_: int, first: int, every: int) -> bool:
+    """Rounds ``first, first + every, …`` (1-based; the code's 0-based ``(r − 1) % ΔR == 0``)."""
+    return round_ >= first and (round_ - first) % every == 0
+
+
+def masked(params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> Params:
+    """Parameters with every maskable entry outside its mask set to 0."""
+    return {k: torch.where(masks[k], v, 0.0) if k in masks else v for k, v in params.items()}
+
+
+def density(masks: Mapping[str, Tensor]) -> float:
+    return sum(int(m.sum()) for m in masks.values()) / max(
+        1, sum(m.numel() for m in masks.values())
+    )
+
+
+def pack(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> dict[str, Entry]:
+    """``w/<name>``: the active entries of a maskable tensor, the whole of any other."""
+    return {
+        W + k: Dense(v.detach()[masks[k]] if k in masks else v.detach()) for k, v in tensors.items()
+    }
+
+
+def unpack(
+    decoded: Mapping[str, Tensor], shapes: Mapping[str, Tensor], masks: Mapping[str, Tensor]
+) -> Params:
+    """Inverse of :func:`pack` (``shapes``: tensors of the receiver's shapes; zeros off masks)."""
+    out: Params = {}
+    for k, ref in shapes.items():
+        values = decoded[W + k].reshape(-1)
+        if k in masks:
+            out[k] = torch.zeros(ref.shape, dtype=values.dtype)
+            out[k][masks[k]] = values
+        else:
+            out[k] = values.reshape(ref.shape).clone()
+    return out
+
+
+def train_masked(
+    model: nn.Module,
+    params: Mapping[str, Tensor],
+    masks: Mapping[str, Tensor],
+    data: ClientData,
+    local: _local.LocalConfig,
+    generator: torch.Generator,
+) -> tuple[Params, dict[str, Tensor], float]:
+    """Local SGD on the active weights (masked-out ones zeroed after every step); returns the
+    trained params, the last minibatch's gradient of every maskable entry (CE only, at the
+    weights of that step, as ``param.grad`` in the code; zeros without data) and the mean loss."""
+    last: dict[str, Tensor] = {}
+
+    def capture(p: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        last.update({k: grads[k] for k in masks})  # fresh autograd tensors, never updated in place
+        return grads
+
+    res = _local.local_sgd(
+        model,
+        masked(params, masks),
+        data,
+        local,
+        generator,
+        grad_hook=capture,
+        post_step=lambda live: masked(live, masks),
+    )
+    grads = {
+        k: last[k].detach().clone() if k in last else torch.zeros_like(params[k]) for k in masks
+    }
+    return res.params, grads, res.loss
+
+
+def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+    """The model a client's upload stands for: the downloaded model plus the sent update."""
+    masks = {k[len(MASK) :]: m.bool() for k, m in down.items() if k.startswith(MASK)}
+    names = [k[len(W) :] for k in down if k.startswith(W)]
+    shapes = {k: masks[k] if k in masks else down[W + k] for k in names}
+    start = unpack(down, shapes, masks)
+    delta = unpack(up, shapes, masks)
+    return {k: start[k] + delta[k] for k in names}
+
+
+# --- the algorithm -----------------------------------------------------------------------------
+
+
+def make(cfg: Config) -> FedAlgorithm:
+    opt = cfg.server.build()
+
+    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+        if ctx.model is None:
+            raise ValueError("prunefl needs the model structure in the round context")
+        names = maskable(ctx.model)
+        masks = {n: torch.ones_like(params[n], dtype=torch.bool) for n in names}
+        times = None if cfg.layer_time == "flops" else entry_times(ctx.model, cfg.layer_time, None)
+        return ServerState(clone_params(params), opt.init(params), masks, times)
+
+    def warm_start(
+        state: ServerState, train: Sequence[ClientData], ctx: WarmStartContext
+    ) -> tuple[ServerState, list[Message]]:
+        with_data = [k for k, d in enumerate(train) if d.num_examples > 0]
+        if not with_data:
+            raise ValueError("prunefl: no client has training data for phase one")
+        cid = with_data[int(torch.randint(len(with_data), (1,), generator=ctx.generator))]
+        data = train[cid]
+        times = state.times or entry_times(ctx.model, cfg.layer_time, data.x[0])
+        if cfg.initial_rounds == 0:
+            return replace(state, times=times), []
+        params, masks, churns, rounds = state.params, state.masks, [], 0
+        for i in range(1, cfg.initial_rounds + 1):
+            rounds = i
+            params, grads, _ = train_masked(
+                ctx.model, params, masks, data, ctx.local, ctx.generator
+            )
+            if is_readjust(i, cfg.first_readjust, cfg.initial_readjust_every):
+                new = readjust(grads, times, cfg.p_initial, cfg.time_offset)
+                churns.append(churn(masks, new))
+                masks, params = new, masked(params, new)
+            recent = churns[-cfg.early_stop_patience :]
+            if len(recent) == cfg.early_stop_patience and all(
+                c < cfg.early_stop_churn for c in recent
+            ):
+                break
+        changed = churn(state.masks, masks) > 0
+        entries = pack(params, masks) | {MASK + k: Mask(m) for k, m in masks.items()}
+        new_state = ServerState(
+            params,
+            opt.init(params),
+            masks,
+            times,
+            state.mask_version + int(changed),
+            phase_one_rounds=rounds,
+        )
+        return new_state, [(cid, "up", Payload(entries))]
+
+    def broadcast(
+        state: ServerState, client_id: int, cstate: ClientState, ctx: RoundContext
+    ) -> Payload:
+        fresh = cstate.mask_version == state.mask_version
+        entries = pack(state.params, state.masks)
+        entries |= {MASK + k: Free(m) if fresh else Mask(m) for k, m in state.masks.items()}
+        entries[VERSION] = Free(torch.tensor(state.mask_version))
+        return Payload(entries)
+
+    def client_update(
+        down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
+    ) -> ClientResult:
+        shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
+        masks = {k[len(MASK) :]: m.bool() for k, m in down.items() if k.startswith(MASK)}
+        start = unpack(down, shapes, masks)
+        trained, grads, loss = train_masked(ctx.model, start, masks, data, ctx.local, ctx.generator)
+        entries = pack({k: trained[k] - start[k] for k in start}, masks)
+        if is_readjust(ctx.round_, cfg.first_readjust, cfg.readjust_every):
+            entries |= {GRAD + k: Dense(g) for k, g in grads.items()}  # 32·N_m bits
+        return ClientResult(
+            uplink=Payload(entries),
+            state=ClientState(int(down[VERSION])),
+            local_params=trained,
+            num_examples=data.num_examples,
+            metrics={"train/loss": loss},
+        )
+
+    def server_update(
+        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+    ) -> ServerState:
+        deltas = [unpack(u.tensors, state.params, state.masks) for u in uplinks]
+        delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
+        step, opt_state = opt.update(delta, state.opt_state)
+        params = masked(apply_step(state.params, step), state.masks)
+        state = replace(state, params=params, opt_state=opt_state, churn=None, p=None)
+        if not is_readjust(ctx.round_, cfg.first_readjust, cfg.readjust_every):
+            return state
+        if state.times is None:
+            raise ValueError("prunefl: layer times unknown (flops needs warm_start)")
+        shapes = {k: state.params[k].shape for k in state.masks}
+        grads = [{k: u.tensors[GRAD + k].reshape(s) for k, s in shapes.items()} for u in uplinks]
+        mean = weighted_mean(grads, [1.0] * len(grads))  # unweighted, as the code
+        j = state.readjustments + 1
+        p = prune_fraction(cfg, j, ctx.round_)
+        new = readjust(mean, state.times, p, cfg.time_offset)
+        change = churn(state.masks, new)
+        return replace(
+            state,
+            params=masked(params, new),
+            masks=new,
+            mask_version=state.mask_version + int(change > 0),
+            readjustments=j,
+            churn=change,
+            p=p,
+        )
+
+    def server_metrics(state: ServerState) -> dict[str, float]:
+        out = {
+            "mask_density": density(state.masks),
+            "readjustments": float(state.readjustments),
+            "phase_one_rounds": float(state.phase_one_rounds),
+        }
+        if state.churn is not None and state.p is not None:
+            out |= {"mask_churn": state.churn, "prune_fraction": state.p}
+        return out
+
+    return FedAlgorithm(
+        name=cfg.name,
+        config=cfg,
+        init_server=init_server,
+        init_client=lambda client_id: ClientState(),
+        broadcast=broadcast,
+        client_update=client_update,
+        server_update=server_update,
+        global_params=lambda s: s.params,
+        server_metrics=server_metrics,
+        uploaded_model=uploaded_model,
+        validate_model=validate_model,
+        warm_start=warm_start,
+    )
+
+
+@register(Config)
+def build(cfg: Config) -> FedAlgorithm:
+    return make(cfg)
