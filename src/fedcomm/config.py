@@ -179,6 +179,28 @@ class LabelCyclePartition(_Partition):
     shuffle: bool = True
 
 
+class LotteryflPartition(_Partition):
+    """FedDST's AAAI-era LotteryFL split: 2 label-sorted shards of 20 train rows per client,
+    and ``test_per_class`` test rows of each class it holds (shared between holders)."""
+
+    kind: Literal["lotteryfl"] = "lotteryfl"
+    num_partitions: int = Field(ge=1)
+    test_fraction: float = Field(0.0, description="must be 0: test rows are drawn per class")
+    shards_per_client: int = Field(2, ge=1)
+    shard_size: int = Field(20, ge=1)
+    test_per_class: int = Field(100, ge=1)
+    shuffle: bool = True
+
+    @model_validator(mode="after")
+    def _no_test_fraction(self) -> LotteryflPartition:
+        if self.test_fraction != 0:
+            raise ValueError(
+                f"test_fraction must be 0 for lotteryfl (got {self.test_fraction}): each client "
+                "tests on test_per_class rows of each class it holds"
+            )
+        return self
+
+
 class NaturalIdPartition(_Partition):
     kind: Literal["natural_id"] = "natural_id"
     num_partitions: int | None = Field(None, ge=1, description="keep the first K natural ids")
@@ -191,6 +213,7 @@ PartitionConfig = Annotated[
     | ShardPartition
     | SizePartition
     | LabelCyclePartition
+    | LotteryflPartition
     | NaturalIdPartition,
     Field(discriminator="kind"),
 ]
@@ -212,6 +235,17 @@ class CnnModel(Strict):
     hidden: int = Field(512, ge=1)
 
 
+class FeddstCnnModel(Strict):
+    """FedDST's CNNs: defaults give the MNIST net; ``channels=[6, 16], hidden=[120, 84]`` the
+    CIFAR-10 one (with 3x32x32 inputs)."""
+
+    name: Literal["feddst_cnn"] = "feddst_cnn"
+    channels: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [10, 20], min_length=2, max_length=2
+    )
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [50])
+
+
 class ResNetModel(Strict):
     name: Literal["resnet20"] = "resnet20"
     groups: int = Field(2, ge=1, description="GroupNorm groups")
@@ -227,7 +261,9 @@ class LstmModel(Strict):
     output: Literal["sequence", "last"] = "sequence"
 
 
-ModelConfig = Annotated[MlpModel | CnnModel | ResNetModel | LstmModel, Field(discriminator="name")]
+ModelConfig = Annotated[
+    MlpModel | CnnModel | FeddstCnnModel | ResNetModel | LstmModel, Field(discriminator="name")
+]
 
 
 def model_options(cfg: BaseModel) -> dict[str, Any]:
@@ -278,6 +314,10 @@ class EvaluateConfig(Strict):
     """``evaluate``: summaries over a finished run."""
 
     budgets_gib: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    upload_caps_gib: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=list,
+        description="FedDST upload caps: best global accuracy within each cumulative upload",
+    )
     targets: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
     link: LinkConfig = Field(default_factory=LinkConfig)
 

@@ -3,7 +3,7 @@
 Writes ``reports/summary.md`` (a table per algorithm: final/best global and local accuracy, GiB
 up/down, sparsity, mean ± standard error over seeds) with its PNG plots, ``reports/metrics.json``
 (the same numbers for ``dvc metrics show``/``diff``) and ``reports/curves.csv`` (long format:
-run, seed, round, cumulative GiB, accuracies; for ``dvc plots``).
+run, seed, round, cumulative GiB and upload bytes, accuracies; for ``dvc plots``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fedcomm.reporting.summary import write_report
 CURVE_COLUMNS = {
     "round": "round",
     "comm/cum_gib": "cum_gib",
+    "comm/cum_up_bytes": "cum_up_bytes",
     "global/accuracy": "global_accuracy",
     "local/accuracy": "local_accuracy",
     "global/loss": "global_loss",
@@ -100,7 +101,8 @@ def _fmt(mean: Any, se: Any, pct: bool) -> str:
 
 def upload_section(aggs: dict[str, dict[str, Any]]) -> str:
     """Upload per client per round (decimal KB), its save ratio against the ``fedavg`` run (if
-    the experiment has one), and the local training time per round (LTTR)."""
+    the experiment has one), the mean over rounds of the upload ratio against dense (the same
+    content sent densely / what was sent), and the local training time per round (LTTR)."""
 
     def mean(agg: dict[str, Any], *path: str) -> Any:
         node: Any = agg
@@ -109,34 +111,59 @@ def upload_section(aggs: dict[str, dict[str, Any]]) -> str:
         return node.get("mean") if isinstance(node, dict) else None
 
     base = mean(aggs["fedavg"], "upload", "kb_per_client_round") if "fedavg" in aggs else None
-    rows = ["| Run | Upload per client per round (KB) | Save ratio vs `fedavg` | LTTR (s) |"]
-    rows.append("|---|---:|---:|---:|")
+    rows = [
+        "| Run | Upload per client per round (KB) | Save ratio vs `fedavg` "
+        "| Upload ratio vs dense (mean over rounds) | LTTR (s) |"
+    ]
+    rows.append("|---|---:|---:|---:|---:|")
     for run, agg in aggs.items():
         kb = mean(agg, "upload", "kb_per_client_round")
         ratio = f"{base / kb:.2f}x" if base and kb else "–"
+        dense = mean(agg, "upload", "up_ratio_mean")
+        vs_dense = f"{dense:.2f}x" if dense else "–"
         lttr = mean(agg, "time", "client_s_mean")
-        rows.append(f"| `{run}` | {_fmt(kb, None, False)} | {ratio} | {_fmt(lttr, None, False)} |")
+        rows.append(
+            f"| `{run}` | {_fmt(kb, None, False)} | {ratio} | {vs_dense} "
+            f"| {_fmt(lttr, None, False)} |"
+        )
     return "## Upload per client per round\n\n" + "\n".join(rows)
 
 
+def best_within_table(aggs: dict[str, dict[str, Any]], section: str) -> str | None:
+    """A markdown table of best global accuracy (%), rows = runs, columns = the limits found
+    (GiB) under ``section`` of the aggregated summaries (``at_budget``, ``at_upload_cap``);
+    ``None`` when no run has any."""
+    limits = sorted({k for a in aggs.values() for k in a.get(section, {})}, key=float)
+    if not limits:
+        return None
+    rows = ["| Run | " + " | ".join(f"≤ {k} GiB" for k in limits) + " |"]
+    rows.append("|---|" + "---:|" * len(limits))
+    for run, agg in aggs.items():
+        cells = [agg.get(section, {}).get(k) or {} for k in limits]
+        rows.append(
+            f"| `{run}` | "
+            + " | ".join(_fmt(c.get("mean"), c.get("se"), True) for c in cells)
+            + " |"
+        )
+    return "\n".join(rows)
+
+
 def budget_and_target_sections(summaries: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Markdown tables: best global accuracy within each GiB budget; round, GiB and
-    time-to-accuracy (link model) to reach each target (seeds that never did are left out)."""
+    """Markdown tables: best global accuracy within each GiB budget (up + down) and within each
+    upload cap (FedDST's Tables 1-3: rows = runs, columns = caps); upload per client per round;
+    round, GiB and time-to-accuracy (link model) to reach each target (seeds that never did are
+    left out)."""
     aggs = {run: aggregate_seeds(s) for run, s in summaries.items()}
     sections: list[str] = []
-    budgets = sorted({b for a in aggs.values() for b in a.get("at_budget", {})}, key=float)
+    budgets = best_within_table(aggs, "at_budget")
     if budgets:
-        head = "| Run | " + " | ".join(f"≤ {b} GiB" for b in budgets) + " |"
-        rows = [head, "|---|" + "---:|" * len(budgets)]
-        for run, agg in aggs.items():
-            cells = [agg.get("at_budget", {}).get(b) or {} for b in budgets]
-            rows.append(
-                f"| `{run}` | "
-                + " | ".join(_fmt(c.get("mean"), c.get("se"), True) for c in cells)
-                + " |"
-            )
+        sections.append("## Best global accuracy (%) within a communication budget\n\n" + budgets)
+    caps = best_within_table(aggs, "at_upload_cap")
+    if caps:
         sections.append(
-            "## Best global accuracy (%) within a communication budget\n\n" + "\n".join(rows)
+            "## Best global accuracy (%) within an upload cap\n\n"
+            "Best evaluation before all clients together have uploaded more than the cap "
+            "(cumulative upload, GiB).\n\n" + caps
         )
     sections.append(upload_section(aggs))
     targets = sorted({t for a in aggs.values() for t in a.get("to_target", {})}, key=float)

@@ -68,6 +68,11 @@ def test_tiny_params_validate() -> None:
         ({"train.local.steps": 5}, "set exactly one of epochs and steps"),
         ({"partition.test_fraction": 1.0}, "partition.test_fraction"),
         ({"evaluate.targets": [1.5]}, "evaluate.targets.0"),
+        ({"evaluate.upload_caps_gib": [1.0, 0.0]}, "evaluate.upload_caps_gib.1"),
+        (
+            {"partition": {"kind": "lotteryfl", "num_partitions": 8, "test_fraction": 0.2}},
+            "test_fraction must be 0 for lotteryfl (got 0.2)",
+        ),
     ],
 )
 def test_bad_values_are_named(override: dict[str, object], fragment: str) -> None:
@@ -127,11 +132,51 @@ def test_model_configs_match_the_model_registry() -> None:
     from fedcomm.models.registry import MODELS, option_names
 
     covered = set()
-    for cls in (config.MlpModel, config.CnnModel, config.ResNetModel, config.LstmModel):
+    models = (
+        config.MlpModel,
+        config.CnnModel,
+        config.FeddstCnnModel,
+        config.ResNetModel,
+        config.LstmModel,
+    )
+    for cls in models:
         for name in typing.get_args(cls.model_fields["name"].annotation):
             covered.add(name)
             assert set(cls.model_fields) - {"name"} == set(option_names(name)), name
     assert covered == set(MODELS)
+
+
+def test_partition_configs_match_the_partitioner_registry() -> None:
+    """Every partition kind has a config whose own keys are its partitioner's parameters."""
+    import inspect
+    import typing
+
+    from fedcomm import config
+    from fedcomm.data.partitioners import PARTITIONERS
+
+    common = {"kind", "num_partitions", "test_fraction", "seed"}
+    covered = set()
+    for cls in typing.get_args(typing.get_args(config.PartitionConfig)[0]):
+        (kind,) = typing.get_args(cls.model_fields["kind"].annotation)
+        covered.add(kind)
+        accepted = set(inspect.signature(PARTITIONERS[kind]).parameters)
+        assert set(cls.model_fields) - common <= accepted - {"labels", "rng", "natural_id"}, kind
+    assert covered == set(PARTITIONERS)
+
+
+def test_feddst_params_validate() -> None:
+    p = validate_params(
+        tiny_params(
+            **{
+                "partition": {"kind": "lotteryfl", "num_partitions": 8},
+                "model": {"name": "feddst_cnn", "channels": [6, 16], "hidden": [120, 84]},
+                "evaluate.upload_caps_gib": [0.5, 1],
+            }
+        )
+    )
+    assert p.partition.test_fraction == 0.0
+    assert p.evaluate.upload_caps_gib == [0.5, 1.0]
+    assert validate_params(tiny_params()).evaluate.upload_caps_gib == []
 
 
 def test_dataset_configs_cover_the_dataset_registry() -> None:

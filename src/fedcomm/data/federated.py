@@ -32,7 +32,12 @@ import numpy as np
 import polars as pl
 
 from fedcomm import __version__
-from fedcomm.data.partitioners import PARTITIONERS, PartitionError, train_test_split
+from fedcomm.data.partitioners import (
+    PARTITIONERS,
+    ClientSplits,
+    PartitionError,
+    train_test_split,
+)
 from fedcomm.data.types import Dataset
 from fedcomm.seeding import Stream, numpy_rng
 
@@ -60,7 +65,8 @@ class PartitionSpec:
         kind: partitioner name in :data:`~fedcomm.data.partitioners.PARTITIONERS`.
         num_partitions: number of clients (None: all natural ids, for ``natural_id``).
         params: the partitioner's own keyword arguments, e.g. ``{"alpha": 0.5}``.
-        test_fraction: share of each client's rows held out for its test split, in [0, 1).
+        test_fraction: share of each client's rows held out for its test split, in [0, 1);
+            must be 0 for a partitioner that picks test rows itself (``lotteryfl``).
         seed: non-negative seed; the stream ``(seed, PARTITION)`` partitions and
             ``(seed, SPLIT, client_id)`` splits each client (:mod:`fedcomm.seeding`).
     """
@@ -132,8 +138,12 @@ class Partition:
     Attributes:
         hash: :func:`partition_hash` of the dataset and spec it was built from.
         client_ids: ``(K,)`` int64, ``0..K-1``.
-        train: per client, sorted ``int64`` row indices into the dataset.
-        test: per client, sorted ``int64`` row indices, disjoint from ``train``.
+        train: per client, sorted ``int64`` row indices into the dataset; disjoint between
+            clients.
+        test: per client, sorted ``int64`` row indices, disjoint from every client's train
+            rows. Usually disjoint between clients too; a partitioner returning
+            :class:`~fedcomm.data.partitioners.ClientSplits` may share test rows between
+            clients (``lotteryfl``), and a row then appears once per client in the tables.
         num_classes: the dataset's number of classes.
     """
 
@@ -225,6 +235,9 @@ def _partitioner_kwargs(dataset: Dataset, spec: PartitionSpec) -> dict[str, Any]
 def make_partition(dataset: Dataset, spec: PartitionSpec) -> Partition:
     """Partition ``dataset`` over clients, then split each client's rows into train/test.
 
+    A partitioner returning :class:`~fedcomm.data.partitioners.ClientSplits` has chosen the
+    test rows itself; its splits are used as they are (``spec.test_fraction`` must be 0).
+
     Args:
         dataset: the pooled dataset.
         spec: partitioner, its parameters, test fraction and seed.
@@ -239,18 +252,26 @@ def make_partition(dataset: Dataset, spec: PartitionSpec) -> Partition:
     rng = numpy_rng(spec.seed, Stream.PARTITION)
     fn = PARTITIONERS[spec.kind]
     parts = fn(dataset.labels, rng=rng, num_partitions=spec.num_partitions, **kwargs)
-    splits = [
-        train_test_split(
-            dataset.labels,
-            rows,
-            test_fraction=spec.test_fraction,
-            rng=numpy_rng(spec.seed, Stream.SPLIT, client),
-        )
-        for client, rows in enumerate(parts)
-    ]
+    if isinstance(parts, ClientSplits):
+        if spec.test_fraction != 0:
+            raise PartitionError(
+                f"{spec.kind} picks each client's test rows itself; test_fraction must be 0, "
+                f"got {spec.test_fraction!r}"
+            )
+        splits = list(zip(parts.train, parts.test, strict=True))
+    else:
+        splits = [
+            train_test_split(
+                dataset.labels,
+                rows,
+                test_fraction=spec.test_fraction,
+                rng=numpy_rng(spec.seed, Stream.SPLIT, client),
+            )
+            for client, rows in enumerate(parts)
+        ]
     return Partition(
         hash=partition_hash(dataset.fingerprint(), spec),
-        client_ids=np.arange(len(parts), dtype=np.int64),
+        client_ids=np.arange(len(splits), dtype=np.int64),
         train=tuple(_frozen(train) for train, _ in splits),
         test=tuple(_frozen(test) for _, test in splits),
         num_classes=dataset.num_classes,

@@ -12,6 +12,8 @@ flwr shuffles the order inside each partition afterwards, which is moot here bec
 are returned sorted.
 
 ``train_test_split`` then splits one client's rows into train and test, stratified by label.
+A partitioner that picks each client's test rows itself (``lotteryfl``) returns
+:class:`ClientSplits` instead, and no per-client split is made.
 """
 
 from __future__ import annotations
@@ -19,12 +21,36 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-PartitionFn = Callable[..., list[np.ndarray]]
-"""``fn(labels, *, num_partitions, rng, **params) -> list[np.ndarray]`` (one array per client)."""
+
+@dataclass(frozen=True)
+class ClientSplits:
+    """Each client's train and test rows, for a partitioner that chooses the test rows itself.
+
+    Attributes:
+        train: per client, sorted ``int64`` row indices; disjoint between clients.
+        test: per client, sorted ``int64`` row indices, disjoint from every client's train
+            rows. Test rows of different clients may overlap (``lotteryfl`` gives every holder
+            of a class the same test rows of that class).
+    """
+
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+
+    def __post_init__(self) -> None:
+        if len(self.train) != len(self.test):
+            raise PartitionError(
+                f"{len(self.train)} train but {len(self.test)} test row sets: need one per client"
+            )
+
+
+PartitionFn = Callable[..., list[np.ndarray] | ClientSplits]
+"""``fn(labels, *, num_partitions, rng, **params)``: one row array per client, or
+:class:`ClientSplits` when the partitioner picks the clients' test rows too."""
 
 ClassAssignmentMode = Literal["random", "deterministic", "first-deterministic"]
 
@@ -218,6 +244,22 @@ def dirichlet(
     client, Dirichlet over classes), where the same alpha means something else. If any
     partition gets fewer than ``min_partition_size`` rows, all proportions are redrawn, at
     most ``max_retries`` times (flwr hard-codes 10), then :class:`PartitionError` is raised.
+
+    FedDST's ``dirichlet`` mode (Bibikar et al., AAAI 2022, ``datasets.py``; its default with
+    ``beta = 0.1`` over 400 clients) is this partitioner with ``alpha=0.1``,
+    ``min_partition_size=0`` and ``self_balancing=False``: per class c, ``p_c ~ Dir(0.1·1_K)``
+    and the class's rows are cut into contiguous chunks at ``floor(cumsum(p_c)·n_c)`` (FedDST
+    cuts them in label-sorted dataset order, we after a permutation when ``shuffle``; same
+    distribution). FedDST cuts its official test split with the *same* ``p_c``; here the
+    pooled rows are cut once, and :func:`train_test_split` then sends ``test_fraction`` of each
+    of a client's classes to its test split (within one row per class), so each client's test
+    labels follow its train labels, as in FedDST. ``test_fraction`` = the official test share
+    (1/7 for MNIST, 1/6 for CIFAR) gives the same expected split sizes. One difference: FedDST
+    drops clients whose train or test split is empty; here they stay (an empty train split
+    trains no step and has aggregation weight 0, an empty test split is left out of local
+    accuracy). Do not use ``min_partition_size`` > 0 to avoid them at these settings: with
+    alpha 0.1 and 400 clients a few clients are nearly empty in almost every draw, so the
+    redraws fail.
 
     Args:
         labels: ``(n,)`` class labels.
@@ -472,6 +514,102 @@ def shard(
     owner = np.empty(n, dtype=np.int64)
     owner[label_order] = owner_in_label_order
     return _group(owner, k)
+
+
+# --- lotteryfl ----------------------------------------------------------------------------
+
+
+@register("lotteryfl")
+def lotteryfl(
+    labels: np.ndarray,
+    *,
+    num_partitions: int,
+    rng: np.random.Generator,
+    shards_per_client: int = 2,
+    shard_size: int = 20,
+    test_per_class: int = 100,
+    shuffle: bool = True,
+) -> ClientSplits:
+    """LotteryFL's split as FedDST's AAAI-era code uses it: 2 label-sorted shards of 20 rows each.
+
+    Li et al., "LotteryFL" (2020), ``dataset/{mnist,cifar10}_noniid.py`` of
+    jeremy313/non-iid-dataset-for-personalized-federated-learning, called by FedDST (Bibikar
+    et al., AAAI 2022) ``datasets.py`` ``mode="lotteryfl"`` with 400 clients, 2 classes and 20
+    samples. Train: rows sorted by label are cut into consecutive shards of ``shard_size``
+    rows (the incomplete tail shard is dropped); every client gets ``shards_per_client``
+    distinct shards drawn at random: 40 train rows of 2 classes, or 1 when both shards share a
+    label (a shard straddling a class boundary adds a class, as in the original; rare). This
+    is :func:`shard` with both sizes given.
+
+    Test: the original gives every client *all* official test images of the classes it holds
+    (1000 per class). Our datasets pool the official train and test splits, so here each class
+    held by some client gets ``test_per_class`` rows drawn at random from its rows that are in
+    no client's train shards, and every client holding the class tests on those same rows.
+    Test rows therefore overlap between clients (never with any train row). The global test
+    set of the run is the concatenation of the clients' test splits, duplicates included, so
+    global accuracy equals the test-size-weighted mean of the per-client accuracies of the
+    global model. FedDST reports their unweighted mean; the two differ only through clients
+    holding one class (half the test rows).
+
+    Deviations: the original's ``rate_unbalance`` (a shorter second shard) is not offered
+    (FedDST leaves it at 1.0, i.e. off); its test slices are ``sorted_test[c·1000:(c+1)·1000]``,
+    which for MNIST's uneven class sizes pick some images of neighbouring classes, while here a
+    class's test rows are exactly of that class.
+
+    Args:
+        labels: ``(n,)`` class labels.
+        num_partitions: number of clients, with ``num_partitions * shards_per_client *
+            shard_size <= n``.
+        rng: source of randomness.
+        shards_per_client: shards per client (>= 1).
+        shard_size: rows per shard (>= 1).
+        test_per_class: test rows per held class (>= 1); every held class needs that many
+            rows outside the train shards.
+        shuffle: break ties within a label at random when sorting (else by row index).
+
+    Returns:
+        :class:`ClientSplits`: per client, sorted ``int64`` train rows (disjoint between
+        clients) and test rows (``test_per_class`` per class it holds).
+
+    Raises:
+        PartitionError: invalid arguments, too few rows for the shards, or a held class with
+            fewer than ``test_per_class`` rows left for testing.
+    """
+    labels = _check_labels(labels)
+    n = len(labels)
+    k = _check_num_partitions(num_partitions, n)
+    s = _check_int("shards_per_client", shards_per_client, low=1)
+    size = _check_int("shard_size", shard_size, low=1)
+    per_class = _check_int("test_per_class", test_per_class, low=1)
+    if k * s * size > n:
+        raise PartitionError(
+            f"num_partitions={k} x shards_per_client={s} x shard_size={size} = {k * s * size} "
+            f"train rows exceeds the {n} rows"
+        )
+    train = shard(
+        labels,
+        num_partitions=k,
+        rng=rng,
+        num_shards_per_partition=s,
+        shard_size=size,
+        shuffle=shuffle,
+    )
+    used = np.zeros(n, dtype=bool)
+    used[np.concatenate(train)] = True
+    test_rows: dict[Any, np.ndarray] = {}
+    for c in np.unique(labels[used]).tolist():  # held classes, sorted
+        free = np.flatnonzero((labels == c) & ~used)
+        if len(free) < per_class:
+            raise PartitionError(
+                f"class {c!r} has {len(free)} rows outside the train shards, fewer than "
+                f"test_per_class={per_class}; lower test_per_class or num_partitions"
+            )
+        test_rows[c] = np.sort(rng.choice(free, per_class, replace=False))
+    test = [
+        np.sort(np.concatenate([test_rows[c] for c in np.unique(labels[rows]).tolist()]))
+        for rows in train
+    ]
+    return ClientSplits(train, [t.astype(np.int64) for t in test])
 
 
 # --- size (quantity skew) -----------------------------------------------------------------

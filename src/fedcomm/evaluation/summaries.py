@@ -1,4 +1,5 @@
-"""Run summaries for DVC metrics: final, best, accuracy at budgets, cost to reach a target.
+"""Run summaries for DVC metrics: final, best, accuracy at budgets and upload caps, cost to reach
+a target.
 
 Inputs are the three tables a run writes (``rounds``, ``ledger``, ``clients``; schemas in
 ``simulation/loop.py``). Communication always comes from the ledger, the measured source: a
@@ -207,6 +208,38 @@ def round_seconds(
     return frame.select("round", total.alias("round_s")).sort("round")
 
 
+def upload_ratios(ledger: pl.DataFrame) -> pl.DataFrame:
+    """Per training round, the upload's dense-equivalent size over its sent size.
+
+    ``up_ratio = Σ dense_bits / Σ (payload + index + meta bits)`` over the round's uplink
+    messages (all clients); 5 means the uplink was 5x smaller than sending the same content
+    densely. Round 0 (a warm start before training, e.g. PruneFL's phase one) is left out, and
+    so are rounds that sent nothing up.
+
+    Args:
+        ledger: one row per message (``round, direction, *_bits, dense_bits``).
+
+    Returns:
+        ``round`` (Int32, sorted), ``up_bits``, ``up_dense_bits`` (Int64) and ``up_ratio``.
+    """
+    up = ledger.filter((pl.col("direction") == "up") & (pl.col("round") > 0))
+    return (
+        up.group_by("round")
+        .agg(
+            _MESSAGE_BITS.sum().cast(pl.Int64).alias("up_bits"),
+            pl.col("dense_bits").sum().cast(pl.Int64).alias("up_dense_bits"),
+        )
+        .filter(pl.col("up_bits") > 0)
+        .select(
+            pl.col("round").cast(pl.Int32),
+            "up_bits",
+            "up_dense_bits",
+            (pl.col("up_dense_bits") / pl.col("up_bits")).alias("up_ratio"),
+        )
+        .sort("round")
+    )
+
+
 def _float(value: Any) -> float | None:
     """A JSON-safe float: ``None`` for null and NaN."""
     if value is None:
@@ -242,12 +275,36 @@ def first_round_reaching(frame: pl.DataFrame, column: str, target: float) -> int
     return int(hit["round"][0]) if hit.height else None
 
 
-def best_within_budget(frame: pl.DataFrame, column: str, budget_gib: float) -> float | None:
-    """The best ``column`` over rounds with ``cum_gib <= budget_gib`` (``None`` if none)."""
+def _best_where(frame: pl.DataFrame, column: str, within: pl.Expr) -> float | None:
+    """The maximum of ``column`` over the rows where ``within`` holds (``None`` if none)."""
     if column not in frame.columns:
         return None
-    within = frame.filter(pl.col("cum_gib") <= budget_gib)[column].fill_nan(None).drop_nulls()
-    return _float(within.max()) if len(within) else None
+    values = frame.filter(within)[column].fill_nan(None).drop_nulls()
+    return _float(values.max()) if len(values) else None
+
+
+def best_within_budget(frame: pl.DataFrame, column: str, budget_gib: float) -> float | None:
+    """The best ``column`` over rounds with ``cum_gib <= budget_gib`` (``None`` if none)."""
+    return _best_where(frame, column, pl.col("cum_gib") <= budget_gib)
+
+
+def best_within_upload_cap(frame: pl.DataFrame, column: str, cap_gib: float) -> float | None:
+    """The best ``column`` over rounds whose cumulative upload is at most ``cap_gib`` GiB.
+
+    FedDST's "upload cap" (Bibikar et al., AAAI 2022, Tables 1-3): the accuracy a run reaches
+    before all clients together have uploaded ``cap_gib`` GiB (``cum_up_bytes``, every
+    uplink message of every client since round 0). We report the best evaluation within the
+    cap, not the last one (specs/feddst-progfed.md §1(c)); the two agree on rising curves.
+
+    Args:
+        frame: a :func:`run_table` (``cum_up_bytes`` and ``column``).
+        column: the accuracy column.
+        cap_gib: the cap, in GiB (2**30 bytes) of upload.
+
+    Returns:
+        The best value, or ``None`` when no evaluation falls within the cap.
+    """
+    return _best_where(frame, column, pl.col("cum_up_bytes") <= cap_gib * GIB)
 
 
 def _key(x: float) -> str:
@@ -344,6 +401,7 @@ def summarize_run(
     clients: pl.DataFrame,
     *,
     budgets_gib: Sequence[float] = (),
+    upload_caps_gib: Sequence[float] = (),
     targets: Sequence[float] = (),
     link: LinkModel = LinkModel(),
     server_s: pl.Series | None = None,
@@ -353,7 +411,8 @@ def summarize_run(
 
     Keys: ``final`` (last measured value of each metric and total GiB up / down / both),
     ``best`` (best global and local accuracy and their rounds), ``at_budget`` (best accuracy
-    within each cumulative GiB budget), ``to_target`` (round, GiB, bytes and time-to-accuracy
+    within each cumulative GiB budget, up + down), ``at_upload_cap`` (best accuracy within each
+    cumulative upload cap, FedDST's tables), ``to_target`` (round, GiB, bytes and time-to-accuracy
     ``tta_s`` at which the accuracy first reaches each target; nulls if never) and ``time``
     (mean round time, LTTR ``client_s_mean``, total measured seconds).
 
@@ -362,11 +421,13 @@ def summarize_run(
         ledger: one row per message.
         clients: one row per (round, participating client) with ``train_s``.
         budgets_gib: communication budgets in GiB (cumulative, up + down).
+        upload_caps_gib: upload caps in GiB (cumulative upload of all clients; see
+            :func:`best_within_upload_cap`).
         targets: accuracy targets in [0, 1].
         link: bandwidths for time-to-accuracy.
         server_s: server seconds per round in round order, instead of the estimate
             ``time/round_s - sum(train_s)``.
-        target_metric: the accuracy column budgets and targets refer to (e.g.
+        target_metric: the accuracy column budgets, caps and targets refer to (e.g.
             ``"topk/accuracy"`` for next-word prediction).
 
     Returns:
@@ -377,6 +438,9 @@ def summarize_run(
         "final": _final(table),
         "best": _best(table),
         "at_budget": {_key(b): best_within_budget(table, target_metric, b) for b in budgets_gib},
+        "at_upload_cap": {
+            _key(c): best_within_upload_cap(table, target_metric, c) for c in upload_caps_gib
+        },
         "to_target": {_key(t): _to_target(table, target_metric, t) for t in targets},
         "time": _time(rounds, clients),
     }

@@ -1,4 +1,5 @@
-"""Small vision models: ``mlp``, ``cnn`` (FedSparse "LeNet-5") and ``mnist_cnn`` (FedAvg CNN).
+"""Small vision models: ``mlp``, ``cnn`` (FedSparse "LeNet-5"), ``mnist_cnn`` (FedAvg CNN) and
+``feddst_cnn`` (FedDST's MNIST / CIFAR nets).
 
 Layers are registered in forward order with flat names (``fc1``, ``conv1``, ...) and the
 classifier last, which is what ``fedcomm.models.groups`` relies on to mark the output layer.
@@ -162,3 +163,79 @@ def _convnet(
     width = positive_int(name, "hidden", hidden)
     c, h, w = input_shape
     return ConvNet((c, h, w), num_classes, padding=padding, channels=(c1, c2), hidden=width)
+
+
+class FeddstCNN(nn.Module):
+    """Two (conv5x5, no padding; maxpool 3x3 stride 1; ReLU) blocks, then ReLU-separated Linear
+    layers ``fc1 … fcL`` with none after the last (the logits)."""
+
+    def __init__(
+        self,
+        input_shape: tuple[int, int, int],
+        num_classes: int,
+        *,
+        channels: tuple[int, int],
+        hidden: Sequence[int],
+    ) -> None:
+        super().__init__()
+        c, h, w = input_shape
+        self.conv1 = nn.Conv2d(c, channels[0], 5)
+        self.conv2 = nn.Conv2d(channels[0], channels[1], 5)
+        widths = [channels[1] * (h - 12) * (w - 12), *hidden, num_classes]
+        for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths), 1):
+            self.add_module(f"fc{i}", nn.Linear(fan_in, fan_out))
+        self.num_fc = len(widths) - 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Shapes for the MNIST net on (1, 28, 28); CIFAR-10's gives 28, 26, 22, 20 and 6400.
+        x = F.relu(F.max_pool2d(self.conv1(x), 3, stride=1))  # (B, 10, 22, 22)
+        x = F.relu(F.max_pool2d(self.conv2(x), 3, stride=1))  # (B, 20, 16, 16)
+        x = x.flatten(1)  # (B, 5120)
+        for i in range(1, self.num_fc):
+            x = F.relu(getattr(self, f"fc{i}")(x))  # (B, hidden_i)
+        out: torch.Tensor = getattr(self, f"fc{self.num_fc}")(x)  # (B, num_classes)
+        return out
+
+
+@register("feddst_cnn")
+def feddst_cnn(
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    channels: Sequence[int] = (10, 20),
+    hidden: Sequence[int] = (50,),
+) -> FeddstCNN:
+    """FedDST's CNNs: conv5x5 (no padding), maxpool 3x3 stride 1, ReLU, twice; then MLP layers.
+
+    Bibikar et al., "Federated Dynamic Sparse Training: Computing Less, Communicating Less, Yet
+    Learning Better", AAAI 2022; ``models.py`` of bibikar/feddst (``MNISTNet``,
+    ``CIFAR10Net``, ``CIFAR100Net``):
+
+    - MNIST (the defaults, on ``(1, 28, 28)``): conv 1→10, conv 10→20, fc 5120→50, fc 50→10;
+      261,840 parameters.
+    - CIFAR-10: ``channels=[6, 16], hidden=[120, 84]`` on ``(3, 32, 32)``: conv 3→6, conv 6→16,
+      fc 6400→120, fc 120→84, fc 84→10; 782,006 parameters.
+    - CIFAR-100: ``channels=[6, 16], hidden=[120]`` with 100 classes; 783,092 parameters.
+
+    The original ends in ``softmax`` and then trains with ``cross_entropy``, which applies
+    log-softmax again (a double softmax, a bug that flattens the gradients); this model returns
+    logits, like every model here.
+
+    Args:
+        input_shape: ``(C, H, W)``; H and W at least 13.
+        num_classes: output width.
+        channels: output channels of the two convolutions.
+        hidden: widths of the hidden fully connected layers (may be empty).
+
+    Returns:
+        The model, with layers ``conv1, conv2, fc1 … fc{len(hidden)+1}``.
+    """
+    name = "feddst_cnn"
+    if len(input_shape) != 3:
+        raise invalid_option(name, "input_shape", f"must be (C, H, W), got {input_shape}")
+    if min(input_shape[1:]) < 13:
+        raise invalid_option(name, "input_shape", f"{input_shape} is too small for two blocks")
+    c1, c2 = positive_ints(name, "channels", channels, length=2)
+    widths = positive_ints(name, "hidden", hidden, allow_empty=True)
+    c, h, w = input_shape
+    return FeddstCNN((c, h, w), num_classes, channels=(c1, c2), hidden=widths)

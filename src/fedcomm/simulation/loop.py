@@ -145,11 +145,12 @@ def run(
         checkpoint.save(state, checkpoint_path)  # round 0: a kill before round 1 keeps the run id
     ledger = Ledger(list(state.ledger_rows))
     cum_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows)
+    cum_up_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows if r[2] == "up")
 
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
         t_round = time.perf_counter()
-        metrics, cum_bits = _one_round(
-            cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits
+        metrics, cum_bits, cum_up_bits = _one_round(
+            cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits, cum_up_bits
         )
         metrics["time/round_s"] = time.perf_counter() - t_round
         state.round_ = round_
@@ -181,12 +182,13 @@ def _one_round(
     ledger: Ledger,
     round_: int,
     cum_bits: int,
-) -> tuple[dict[str, float | None], int]:
+    cum_up_bits: int,
+) -> tuple[dict[str, float | None], int, int]:
     rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, model)
     cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
     uplinks: list[Uplink] = []
     payloads: list[Payload] = []
-    up_bits = down_bits = 0
+    up_bits = down_bits = up_dense_bits = 0
     train_s: list[float] = []
     losses: list[tuple[float, int]] = []
     client_metrics: list[Mapping[str, float]] = []
@@ -204,6 +206,7 @@ def _one_round(
         payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen, round_)
         train_s.append(time.perf_counter() - t0)
         up_bits += ledger.record(round_, cid, "up", payload)
+        up_dense_bits += payload.dense_bits()
         decoded_up = payload.decode()
         uplinks.append(Uplink(cid, result.num_examples, decoded_up))
         payloads.append(payload)
@@ -248,11 +251,14 @@ def _one_round(
     state.server = algorithm.server_update(state.server, uplinks, rctx)  # 4. server
     server_s = time.perf_counter() - t_server
     cum_bits += up_bits + down_bits
+    cum_up_bits += up_bits
     metrics: dict[str, float | None] = {
         "comm/up_bytes": bits.to_bytes(up_bits),
         "comm/down_bytes": bits.to_bytes(down_bits),
         "comm/cum_bytes": bits.to_bytes(cum_bits),
         "comm/cum_gib": bits.to_gib(cum_bits),
+        "comm/cum_up_bytes": bits.to_bytes(cum_up_bits),
+        "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,  # dense / sent upload
         "train/loss": _weighted([lo for lo, _ in losses], [n for _, n in losses]),
         "time/client_s": float(np.mean(train_s)),
         "time/client_max_s": float(np.max(train_s)),
@@ -293,7 +299,7 @@ def _one_round(
                     batch_size=cfg.eval_batch_size,
                 )
                 metrics[f"global/member{k}/accuracy"] = r.accuracy
-    return metrics, cum_bits
+    return metrics, cum_bits, cum_up_bits
 
 
 def aggregate_client_metrics(per_client: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -116,6 +116,66 @@ def test_make_partition_rejects_bad_specs(kind: str, params: dict[str, Any], mat
         make_partition(toy(), PartitionSpec(kind, 4, params, 0.2, 0))
 
 
+def test_dirichlet_test_splits_follow_each_clients_train_labels() -> None:
+    """FedDST's Dirichlet setting (beta 0.1, many small clients): its test split is cut with the
+    same p_c as its train split; here each client's rows are split per label, so its test label
+    counts are test_fraction of its rows of that label, within one row."""
+    labels = np.repeat(np.arange(10), 700)  # MNIST-like pool: 6000 + 1000 rows per class
+    data = Dataset(name="toy", x=np.zeros((7000, 1), np.float32), y=labels, num_classes=10)
+    f = 1 / 7  # the official test share
+    spec = PartitionSpec("dirichlet", 100, {"alpha": 0.1, "min_partition_size": 0}, f, 0)
+    part = make_partition(data, spec)
+    skew = []
+    for train, test in zip(part.train, part.test, strict=True):
+        tr, te = (np.bincount(labels[rows], minlength=10) for rows in (train, test))
+        assert np.all(np.abs(te - f * (tr + te)) <= 1)
+        assert set(np.flatnonzero(te)) <= set(np.flatnonzero(tr))  # no test-only labels
+        skew.append(np.count_nonzero(tr + te))
+    assert np.mean(skew) < 5  # alpha 0.1: a few classes per client
+
+
+def test_lotteryfl_partition_keeps_explicit_test_rows(tmp_path: Path) -> None:
+    labels = np.repeat(np.arange(4), 60)
+    data = Dataset(name="toy", x=np.zeros((240, 1), np.float32), y=labels, num_classes=4)
+    spec = PartitionSpec("lotteryfl", 5, {"shard_size": 10, "test_per_class": 8}, 0.0, 1)
+    part = make_partition(data, spec)
+    assert [len(t) for t in part.train] == [20] * 5
+    for train, test in zip(part.train, part.test, strict=True):
+        assert set(labels[test].tolist()) == set(labels[train].tolist())
+        assert len(test) == 8 * len(set(labels[train].tolist()))
+    shared = np.concatenate(part.test)
+    assert len(np.unique(shared)) < len(shared)  # holders of a class share its test rows
+    counts = part.label_counts(labels)
+    assert counts["count"].sum() == 100 + len(shared)  # a shared row counts once per client
+    out = tmp_path / "p"
+    write_partition(part, data, out, spec)
+    assert_same(read_partition(out, expected_hash=part.hash), part)
+    with pytest.raises(PartitionError, match="test_fraction must be 0"):
+        make_partition(data, dataclasses.replace(spec, test_fraction=0.2))
+
+
+def test_overlapping_test_splits_global_accuracy_is_test_size_weighted_mean() -> None:
+    import torch
+
+    from fedcomm.evaluation.metrics import evaluate
+    from fedcomm.simulation.data import FederatedTensors
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 60)
+    x = (labels[:, None] + rng.normal(0, 1.5, (240, 2))).astype(np.float32)  # (240, 2)
+    data = Dataset(name="toy", x=x, y=labels, num_classes=4)
+    spec = PartitionSpec("lotteryfl", 5, {"shard_size": 10, "test_per_class": 8}, 0.0, 1)
+    part = make_partition(data, spec)
+    fed = FederatedTensors.build(data, part.train, part.test)
+    model = torch.nn.Linear(2, 4)
+    params = dict(model.named_parameters())
+    per_client = [evaluate(model, params, d.x, d.y) for d in fed.test]
+    g = evaluate(model, params, fed.global_test.x, fed.global_test.y)
+    assert g.n == sum(r.n for r in per_client) == sum(len(t) for t in part.test)
+    weighted = sum(r.accuracy * r.n for r in per_client) / g.n
+    assert g.accuracy == pytest.approx(weighted)
+
+
 @pytest.mark.parametrize(("field", "value"), [("test_fraction", 1.0), ("seed", -1)])
 def test_spec_validates_fraction_and_seed(field: str, value: Any) -> None:
     with pytest.raises(PartitionError, match=field):

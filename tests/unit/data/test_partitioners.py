@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from fedcomm.data.partitioners import (
     PARTITIONERS,
     ClassAssignmentMode,
+    ClientSplits,
     PartitionError,
     dirichlet,
     iid,
+    lotteryfl,
     natural_id,
     pathological,
     register,
@@ -69,6 +71,7 @@ def test_registry_holds_every_kind() -> None:
         "shard",
         "size",
         "label_cycle",
+        "lotteryfl",
         "natural_id",
     }
     assert PARTITIONERS["dirichlet"] is dirichlet
@@ -115,6 +118,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 def test_same_seed_same_partition(kind: str, kwargs: dict[str, Any]) -> None:
     first = PARTITIONERS[kind](LABELS, rng=rng(7), **kwargs)
     second = PARTITIONERS[kind](LABELS, rng=rng(7), **kwargs)
+    assert isinstance(first, list) and isinstance(second, list)
     assert len(first) == len(second)
     for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -129,7 +133,10 @@ def test_iid_different_seed_different_partition(seeds: list[int]) -> None:
 
 def test_partitioners_leave_global_rng_alone() -> None:
     state = np.random.get_state()[1].copy()  # type: ignore[index]
-    for kind, kwargs in CASES:
+    for kind, kwargs in [
+        *CASES,
+        ("lotteryfl", {"num_partitions": 4, "shard_size": 5, "test_per_class": 5}),
+    ]:
         PARTITIONERS[kind](LABELS, rng=rng(), **kwargs)
     np.testing.assert_array_equal(np.random.get_state()[1], state)  # type: ignore[index]
 
@@ -178,6 +185,23 @@ def test_dirichlet_small_alpha_skews_labels() -> None:
     even = dirichlet(labels, num_partitions=10, alpha=1000.0, rng=rng(), min_partition_size=0)
     classes = [np.mean([len(np.unique(labels[p])) for p in ps]) for ps in (skewed, even)]
     assert classes[0] < 5 < classes[1]
+
+
+def test_dirichlet_is_feddsts_per_class_split() -> None:
+    """FedDST datasets.py: p = rng.dirichlet(beta * ones(K), size=C); class c's label-sorted rows
+    are cut at floor(cumsum(n_c * p_c)). Same draws here with shuffle off and no redraws."""
+    labels = np.repeat(np.arange(10), [70, 55, 80, 64, 71, 90, 66, 75, 58, 77])
+    k = 40
+    parts = dirichlet(
+        labels, num_partitions=k, alpha=0.1, rng=rng(3), min_partition_size=0, shuffle=False
+    )
+    p = rng(3).dirichlet(np.full(k, 0.1), size=10)  # (C, K), one draw per class in class order
+    counts = np.bincount(labels)
+    cuts = np.cumsum(counts[:, None] * p, axis=1).astype(np.uint64)  # FedDST's offsets
+    expected = np.diff(np.concatenate([np.zeros((10, 1)), cuts[:, :-1], counts[:, None]], 1))
+    got = np.stack([np.bincount(labels[part], minlength=10) for part in parts], 1)  # (C, K)
+    np.testing.assert_array_equal(got, expected)
+    assert_exact_cover(parts, len(labels))
 
 
 @pytest.mark.parametrize(
@@ -367,6 +391,81 @@ def test_shard_validates_sizes() -> None:
         shard(LABELS, num_partitions=2, shard_size=150, rng=rng())
     with pytest.raises(PartitionError, match="shard_size"):
         shard(LABELS, num_partitions=2, shard_size=0, rng=rng())
+
+
+# --- lotteryfl ----------------------------------------------------------------------------
+
+
+def assert_lotteryfl(
+    labels: np.ndarray, out: ClientSplits, k: int, s: int, size: int, per_class: int
+) -> None:
+    """Train: s shards of size rows, disjoint. Test: per_class rows of each class the client
+    holds, outside every train split, the same rows for every holder of a class."""
+    assert len(out.train) == len(out.test) == k
+    assert all(len(t) == s * size for t in out.train)
+    assert_disjoint(out.train, len(labels))
+    train_rows = np.concatenate(out.train)
+    shared: dict[int, list[int]] = {}
+    for train, test in zip(out.train, out.test, strict=True):
+        for part in (train, test):
+            assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
+        assert len(np.intersect1d(test, train_rows)) == 0
+        held = np.unique(labels[train])
+        np.testing.assert_array_equal(np.unique(labels[test]), held)
+        for c in held.tolist():
+            rows = test[labels[test] == c].tolist()
+            assert len(rows) == per_class
+            assert shared.setdefault(c, rows) == rows
+
+
+@FAST
+@given(data=st.data())
+def test_lotteryfl_invariants(data: st.DataObject) -> None:
+    num_classes = data.draw(st.integers(1, 6))
+    per_class_rows = data.draw(
+        st.lists(st.integers(30, 80), min_size=num_classes, max_size=num_classes)
+    )
+    labels = rng(data.draw(st.integers(0, 99))).permutation(
+        np.repeat(np.arange(num_classes), per_class_rows)
+    )
+    s, size = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
+    k = data.draw(st.integers(1, 20 // (s * size)))  # <= 20 train rows: >= 10 free per class
+    per_class = data.draw(st.integers(1, 10))
+    out = lotteryfl(
+        labels, num_partitions=k, rng=rng(data.draw(st.integers(0, 99))), shards_per_client=s,
+        shard_size=size, test_per_class=per_class,
+    )  # fmt: skip
+    assert_lotteryfl(labels, out, k, s, size, per_class)
+
+
+def test_lotteryfl_feddst_setting_two_classes_forty_rows() -> None:
+    labels = rng().permutation(np.repeat(np.arange(10), 700))  # class sizes multiples of 20
+    out = lotteryfl(labels, num_partitions=100, rng=rng(1))
+    assert_lotteryfl(labels, out, 100, 2, 20, 100)
+    classes = [len(np.unique(labels[t])) for t in out.train]
+    assert set(classes) <= {1, 2} and classes.count(2) > 80  # 2 shards of one class each
+    for train in out.train:  # each shard is one class: 20 or 40 rows per class
+        assert set(np.bincount(labels[train]).tolist()) <= {0, 20, 40}
+    assert sorted({len(t) for t in out.test}) in ([200], [100, 200])
+    again = lotteryfl(labels, num_partitions=100, rng=rng(1))
+    for a, b in zip(out.train + out.test, again.train + again.test, strict=True):
+        np.testing.assert_array_equal(a, b)
+    other = lotteryfl(labels, num_partitions=100, rng=rng(2))
+    assert any(not np.array_equal(a, b) for a, b in zip(out.train, other.train, strict=True))
+
+
+def test_lotteryfl_validates_sizes_and_test_rows() -> None:
+    labels = np.repeat(np.arange(4), 50)  # 200 rows
+    with pytest.raises(PartitionError, match=r"shards_per_client=2 x shard_size=20 = 240"):
+        lotteryfl(labels, num_partitions=6, rng=rng())
+    with pytest.raises(PartitionError, match=r"class \d+ has \d+ rows outside .*test_per_class=45"):
+        lotteryfl(labels, num_partitions=4, rng=rng(), shard_size=10, test_per_class=45)
+    for name in ("shards_per_client", "shard_size", "test_per_class"):
+        zero: dict[str, Any] = {name: 0}
+        with pytest.raises(PartitionError, match=name):
+            lotteryfl(labels, num_partitions=2, rng=rng(), **zero)
+    with pytest.raises(PartitionError, match="one per client"):
+        ClientSplits([np.arange(3)], [])
 
 
 # --- size ---------------------------------------------------------------------------------

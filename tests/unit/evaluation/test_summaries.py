@@ -32,6 +32,7 @@ from fedcomm.evaluation.summaries import (
     round_seconds,
     server_seconds,
     summarize_run,
+    upload_ratios,
 )
 
 MIB = 2**23  # bits
@@ -173,6 +174,49 @@ def test_summary_at_budget() -> None:
     assert s["at_budget"] == {
         f"{b:g}": v for b, v in zip(budgets, [None, 0.5, 0.5, 0.8], strict=False)
     }
+
+
+def test_summary_at_upload_cap_counts_uploads_only() -> None:
+    caps = [0.5, 0.75, 1.0, 1.8, 1.875]  # MiB of cumulative upload
+    s = summarize_run(
+        ROUNDS,
+        LEDGER,
+        CLIENTS,
+        upload_caps_gib=[c / GIB_MIB for c in caps],
+        budgets_gib=[1.0 / GIB_MIB],
+    )
+    # cumulative upload: r1 0.75, r2 1.75, r3 1.875, r4 1.875 MiB; accuracy 0.5, null, 0.8, 0.7
+    assert list(s["at_upload_cap"].values()) == [None, 0.5, 0.5, 0.5, 0.8]  # cap is inclusive
+    assert list(s["at_upload_cap"]) == [f"{c / GIB_MIB:g}" for c in caps]
+    assert s["at_budget"] == {f"{1.0 / GIB_MIB:g}": None}  # up + down passes 1 MiB in round 1
+    assert _summary()["at_upload_cap"] == {}
+    json.dumps(s, allow_nan=False)
+
+
+def test_upload_ratios_per_round_dense_over_sent() -> None:
+    ledger = pl.DataFrame(
+        [
+            (0, 2, "up", 100, 0, 0, 100),  # warm start: left out
+            (1, 0, "up", 60, 30, 10, 500),
+            (1, 1, "up", 100, 0, 0, 300),  # round 1: 800 / 200 = 4
+            (1, 0, "down", 10, 0, 0, 9999),  # downlink: left out
+            (2, 0, "up", 400, 0, 0, 400),  # round 2: 1
+            (3, 1, "up", 0, 0, 0, 0),  # nothing sent: left out
+        ],
+        schema=LEDGER.schema,
+        orient="row",
+    )
+    out = upload_ratios(ledger)
+    assert out["round"].to_list() == [1, 2]
+    assert out["up_bits"].to_list() == [200, 400]
+    assert out["up_dense_bits"].to_list() == [800, 400]
+    assert out["up_ratio"].to_list() == [4.0, 1.0]
+    from fedcomm.experiment import upload_summary
+
+    summary = upload_summary(ledger)
+    assert summary["up_ratio_mean"] == 2.5  # mean over rounds, not 1200 / 600
+    assert summary["bytes_per_client_round"] == pytest.approx(700 / 5 / 8)  # all 5 up messages
+    assert upload_summary(ledger.filter(pl.col("direction") == "down"))["up_ratio_mean"] is None
 
 
 def test_summary_to_target_and_tta() -> None:

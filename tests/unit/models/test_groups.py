@@ -45,6 +45,9 @@ def small_models() -> dict[str, nn.Module]:
             "cnn", input_shape=(2, 16, 16), num_classes=3, channels=[3, 4], hidden=6
         ),
         "resnet20": build_model("resnet20", input_shape=(3, 8, 8), num_classes=5),
+        "feddst_cnn": build_model(
+            "feddst_cnn", input_shape=(2, 14, 14), num_classes=3, channels=[3, 4], hidden=[6]
+        ),
         "lstm": small_lstm(),
         "lstm_tied": small_lstm(hidden=6, tie_weights=True),
     }
@@ -164,13 +167,18 @@ def test_soft_mask_is_differentiable() -> None:
     torch.testing.assert_close(gate.grad, params["fc2.weight"].sum(0))
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet20"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "feddst_cnn", "resnet20"])
 def test_forward_with_all_hidden_groups_masked(name: str) -> None:
     model = small_models()[name]
     specs = groups(model)
     masks = {s.name: torch.zeros(s.count) for s in specs if not s.is_output}
     masked = apply_mask(params_of(model), specs, masks)
-    shape = {"mlp": (1, 6, 6), "cnn": (2, 16, 16), "resnet20": (3, 8, 8)}[name]
+    shape = {
+        "mlp": (1, 6, 6),
+        "cnn": (2, 16, 16),
+        "feddst_cnn": (2, 14, 14),
+        "resnet20": (3, 8, 8),
+    }[name]
     x = torch.randn(2, *shape)
     logits = functional_call(model, masked, (x,))
     assert logits.shape[0] == 2 and torch.isfinite(logits).all()
@@ -178,13 +186,13 @@ def test_forward_with_all_hidden_groups_masked(name: str) -> None:
         torch.testing.assert_close(logits[0], logits[1])
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet20", "lstm", "lstm_tied"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "feddst_cnn", "resnet20", "lstm", "lstm_tied"])
 def test_groups_are_disjoint(name: str) -> None:
     model = small_models()[name]
     assert all(c.max() <= 1 for c in coverage(model, groups(model)).values())
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "lstm_tied"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "feddst_cnn", "lstm", "lstm_tied"])
 def test_rows_cover_every_scalar_once(name: str) -> None:
     model = small_models()[name]
     counts = coverage(model, rows(model))

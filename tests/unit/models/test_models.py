@@ -16,6 +16,7 @@ SMALL: dict[str, tuple[tuple[int, ...], int, dict[str, Any], tuple[int, ...]]] =
     "mlp": ((1, 8, 8), 5, {"hidden": [16, 8]}, (2, 5)),
     "cnn": ((3, 16, 16), 7, {"channels": [4, 8], "hidden": 16}, (2, 7)),
     "mnist_cnn": ((1, 12, 12), 10, {"channels": [4, 8], "hidden": 16}, (2, 10)),
+    "feddst_cnn": ((2, 14, 15), 6, {"channels": [3, 4], "hidden": [5, 7]}, (2, 6)),
     "resnet20": ((3, 8, 8), 10, {}, (2, 10)),
     "lstm": ((6,), 13, {"embed_dim": 8, "hidden": 12}, (2, 6, 13)),
 }
@@ -45,6 +46,9 @@ def test_every_registered_model_has_a_small_config() -> None:
         ("mlp", (1, 28, 28), 10, {"hidden": [128]}, 101_770),  # FedBIAD MNIST
         ("mlp", (784,), 10, {"hidden": [256]}, 203_530),  # FedBIAD FMNIST
         ("mnist_cnn", (1, 28, 28), 10, {}, 1_663_370),  # FedAvg CNN
+        ("feddst_cnn", (1, 28, 28), 10, {}, 261_840),  # FedDST MNISTNet
+        ("feddst_cnn", (3, 32, 32), 10, {"channels": [6, 16], "hidden": [120, 84]}, 782_006),
+        ("feddst_cnn", (3, 32, 32), 100, {"channels": [6, 16], "hidden": [120]}, 783_092),
         ("resnet20", (3, 32, 32), 10, {}, 272_474),  # option B projections
         ("resnet20", (3, 32, 32), 100, {"shortcut": "A"}, 275_572),  # FedSparse's ~275.6k
         ("lstm", (35,), 10_000, {}, 7_454_800),  # FedBIAD PTB LM, 29.8 MB
@@ -131,6 +135,9 @@ def test_unknown_option_is_named() -> None:
         ("cnn", (3, 8, 8), {}, "input_shape"),
         ("cnn", (3, 32), {}, "input_shape"),
         ("mnist_cnn", (1, 28, 28), {"hidden": 1.5}, "hidden"),
+        ("feddst_cnn", (1, 12, 28), {}, "input_shape"),
+        ("feddst_cnn", (1, 28, 28), {"channels": [10, 20, 30]}, "channels"),
+        ("feddst_cnn", (1, 28, 28), {"hidden": 50}, "hidden"),
         ("resnet20", (3, 32, 32), {"groups": 3}, "groups"),
         ("resnet20", (3, 32, 32), {"shortcut": "C"}, "shortcut"),
         ("lstm", (5,), {"output": "all"}, "output"),
@@ -156,3 +163,65 @@ def test_register_rejects_duplicates_and_bad_signatures() -> None:
     with pytest.raises(TypeError, match="input_shape"):
         register("broken")(no_shape)
     assert "broken" not in MODELS
+
+
+@pytest.mark.parametrize(
+    ("shape", "classes", "options", "layers"),
+    [  # (layer, weight shape) in forward order: FedDST models.py MNISTNet and CIFAR10Net
+        (
+            (1, 28, 28),
+            10,
+            {},
+            [("conv1", (10, 1, 5, 5)), ("conv2", (20, 10, 5, 5)), ("fc1", (50, 5120)),
+             ("fc2", (10, 50))],
+        ),
+        (
+            (3, 32, 32),
+            10,
+            {"channels": [6, 16], "hidden": [120, 84]},
+            [("conv1", (6, 3, 5, 5)), ("conv2", (16, 6, 5, 5)), ("fc1", (120, 6400)),
+             ("fc2", (84, 120)), ("fc3", (10, 84))],
+        ),
+    ],
+)  # fmt: skip
+def test_feddst_cnn_layers_in_forward_order(
+    shape: tuple[int, ...],
+    classes: int,
+    options: dict[str, Any],
+    layers: list[tuple[str, tuple[int, ...]]],
+) -> None:
+    from fedcomm.models import groups, rows
+
+    model = build_model("feddst_cnn", input_shape=shape, num_classes=classes, **options)
+    weights = [(k.removesuffix(".weight"), tuple(v.shape)) for k, v in model.named_parameters()]
+    assert [w for w in weights if len(w[1]) > 1] == layers
+    names = [name for name, _ in layers]
+    for specs in (groups(model), rows(model)):
+        assert [s.name for s in specs] == names
+        assert [s.is_output for s in specs] == [False] * (len(names) - 1) + [True]
+    assert model(torch.randn(3, *shape)).shape == (3, classes)
+
+
+def test_feddst_cnn_returns_logits_not_probabilities() -> None:
+    torch.manual_seed(0)
+    model = build_model("feddst_cnn", input_shape=(1, 28, 28), num_classes=10)
+    out = model(torch.randn(4, 1, 28, 28))
+    assert not torch.allclose(out.sum(1), torch.ones(4))  # no softmax at the end
+    assert (out < 0).any()
+
+
+def test_feddst_cnn_matches_the_official_forward_without_softmax() -> None:
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = build_model(
+        "feddst_cnn", input_shape=(3, 32, 32), num_classes=10, channels=[6, 16], hidden=[120, 84]
+    )
+    m = dict(model.named_children())
+    x = torch.randn(2, 3, 32, 32)
+    # FedDST models.py CIFAR10Net.forward, minus its final softmax
+    h = F.relu(F.max_pool2d(m["conv1"](x), 3, stride=1))
+    h = F.relu(F.max_pool2d(m["conv2"](h), 3, stride=1))
+    h = h.view(-1, 16 * 20 * 20)
+    h = F.relu(m["fc2"](F.relu(m["fc1"](h))))
+    torch.testing.assert_close(model(x), m["fc3"](h))
