@@ -374,7 +374,7 @@ class Params(Strict):
                 f"algorithms.{run}: no such entry (allowed: {sorted(self.algorithms)})"
             )
         cfg: AlgorithmConfig = self.algorithms[run]
-        return cfg
+        return cfg.with_rounds(self.train.rounds)  # round-dependent defaults resolved
 
 
 class ConfigError(ValueError):

@@ -179,6 +179,14 @@ def test_feddst_params_validate() -> None:
     assert validate_params(tiny_params()).evaluate.upload_caps_gib == []
 
 
+def test_feddst_readjust_end_defaults_to_half_the_rounds() -> None:
+    algos = {"dst": {"name": "feddst"}, "dst40": {"name": "feddst", "readjust_end": 40}}
+    raw = tiny_params(**{"algorithms": algos, "experiment.runs": ["dst"], "train.rounds": 30})
+    p = validate_params(raw)
+    assert p.algorithm("dst").readjust_end == 15  # type: ignore[attr-defined]
+    assert p.algorithm("dst40").readjust_end == 40  # type: ignore[attr-defined]
+
+
 def test_dataset_configs_cover_the_dataset_registry() -> None:
     import typing
 

@@ -55,6 +55,11 @@ class AlgorithmConfig(BaseModel):
     # this run's uplink compressor (e.g. FedBIAD+DGC); null = train.compressor
     uplink: CompressorConfig | None = None
 
+    def with_rounds(self, rounds: int) -> AlgorithmConfig:
+        """This config with defaults that depend on ``train.rounds`` filled in (e.g. FedDST's
+        ``readjust_end = R // 2``); :meth:`fedcomm.config.Params.algorithm` calls it."""
+        return self
+
 
 @dataclass(frozen=True)
 class ClientData:
