@@ -34,7 +34,7 @@ _PALETTE = (
     "#bcbd22",
     "#7f7f7f",
 )
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # 7 vs 10 colours: 70 distinct pairs
 _LABELS = {
     "global/accuracy": "Global accuracy",
     "local/accuracy": "Local accuracy",

@@ -132,6 +132,8 @@ def test_seed_curve_aligns_on_common_rounds() -> None:
 def test_colours_consistent_across_label_order() -> None:
     assert algorithm_styles(["b", "a"]) == algorithm_styles(["a", "b", "a"])
     assert len({c for c, _ in algorithm_styles(["a", "b", "c"]).values()}) == 3
+    many = algorithm_styles([f"run{i}" for i in range(40)])  # a 12-run reproduction and more
+    assert len(set(many.values())) == 40  # no two runs share colour and marker
 
 
 def test_plots_without_the_metric_still_write_a_png(tmp_path: Path) -> None:
