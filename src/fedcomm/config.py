@@ -320,6 +320,11 @@ class EvaluateConfig(Strict):
     )
     targets: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
     link: LinkConfig = Field(default_factory=LinkConfig)
+    metric: Literal["global/accuracy", "topk/accuracy"] = Field(
+        "global/accuracy",
+        description="the accuracy budgets, caps and targets refer to (topk: train.topk, e.g. "
+        "FedBIAD's top-3 next-word accuracy)",
+    )
 
 
 class SummarizeConfig(Strict):

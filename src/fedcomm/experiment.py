@@ -372,6 +372,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         upload_caps_gib=ev.upload_caps_gib,
         targets=ev.targets,
         link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),
+        target_metric=ev.metric,
     )
     data, _ = load_federated(params, paths)
     model = build_run_model(params, data, seed)

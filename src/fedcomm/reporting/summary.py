@@ -25,6 +25,7 @@ COLUMNS: tuple[tuple[str, tuple[str, str], str, Kind], ...] = (
     ("best_global_acc", ("best", "global/accuracy"), "Best global acc (%)", "percent"),
     ("final_local_acc", ("final", "local/accuracy"), "Final local acc (%)", "percent"),
     ("best_local_acc", ("best", "local/accuracy"), "Best local acc (%)", "percent"),
+    ("final_topk_acc", ("final", "topk/accuracy"), "Final top-k acc (%)", "percent"),
     ("up_gib", ("final", "comm/up_gib"), "Up (GiB)", "gib"),
     ("down_gib", ("final", "comm/down_gib"), "Down (GiB)", "gib"),
     ("total_gib", ("final", "comm/cum_gib"), "Total (GiB)", "gib"),
@@ -92,15 +93,24 @@ def format_value(mean: float | None, se: float | None, kind: Kind, *, seeds: int
     return f"{fmt(mean)} ± {fmt(se)}"
 
 
+def _shown_columns(table: pl.DataFrame) -> list[tuple[str, tuple[str, str], str, Kind]]:
+    """:data:`COLUMNS` minus the top-k column when it repeats top-1 (``train.topk: 1``) or was
+    never measured."""
+    topk, top1 = table["final_topk_acc_mean"], table["final_global_acc_mean"]
+    redundant = topk.is_null().all() or bool((topk.fill_null(-1) == top1.fill_null(-1)).all())
+    return [c for c in COLUMNS if not (c[0] == "final_topk_acc" and redundant)]
+
+
 def _markdown_table(table: pl.DataFrame) -> list[str]:
     """The results table as markdown lines."""
-    headers = ["Algorithm", "Seeds", *(header for _, _, header, _ in COLUMNS)]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * 2 + "---:|" * len(COLUMNS)]
+    columns = _shown_columns(table)
+    headers = ["Algorithm", "Seeds", *(header for _, _, header, _ in columns)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * 2 + "---:|" * len(columns)]
     for row in table.iter_rows(named=True):
         cells = [f"`{row['algorithm']}`", str(row["seeds"])]
         cells += [
             format_value(row[f"{stem}_mean"], row[f"{stem}_se"], kind, seeds=row["seeds"])
-            for stem, _, _, kind in COLUMNS
+            for stem, _, _, kind in columns
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

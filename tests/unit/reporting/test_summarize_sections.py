@@ -57,3 +57,23 @@ def test_upload_section_ratio_vs_dense_is_the_mean_over_seeds() -> None:
     assert "Upload ratio vs dense (mean over rounds)" in rows[2]
     assert rows[4] == "| `fedavg` | 3130 | 1.00x | 1.00x | 0.5 |"
     assert rows[5] == "| `feddst` | 626 | 5.00x | 4.50x | 0.5 |"
+
+
+def test_sections_name_the_metric_they_rank() -> None:
+    sections = budget_and_target_sections(SUMMARIES, "top-3 accuracy")
+    assert _table(sections, "Best top-3 accuracy (%) within an upload cap")[2].startswith(
+        "| `fedavg` | 45.00"
+    )
+
+
+def test_topk_column_only_when_it_differs_from_top1() -> None:
+    from fedcomm.reporting.summary import render_markdown, summary_table
+
+    def final(top1: float, topk: float) -> dict[str, Any]:
+        return {"final": {"global/accuracy": top1, "topk/accuracy": topk}}
+
+    lm = summary_table({"fedavg": [final(0.10, 0.25)], "fedbiad": [final(0.12, 0.30)]})
+    text = render_markdown(lm, title="t", plots=[])
+    assert "Final top-k acc (%)" in text and "| 30.00 |" in text
+    same = summary_table({"fedavg": [final(0.9, 0.9)]})  # train.topk = 1: a repeat, left out
+    assert "top-k" not in render_markdown(same, title="t", plots=[])
