@@ -23,6 +23,7 @@ import torch
 from fedcomm import __version__, atomic
 from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.base import split_members
+from fedcomm.comm import bits
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets import load_dataset
@@ -377,7 +378,9 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     data, _ = load_federated(params, paths)
     model = build_run_model(params, data, seed)
     final = load_sparse(trained / "model.safetensors")
-    summary["upload"] = upload_summary(ledger)
+    summary["upload"] = upload_summary(
+        ledger, bits.dense(sum(p.numel() for p in model.parameters()))
+    )
     members = split_members(final)  # an ensemble (fedavg_mog) is evaluated as one
     g = evaluate(model, members, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
     per_client = [
@@ -426,16 +429,16 @@ def _run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
     return paths
 
 
-def upload_summary(ledger: pl.DataFrame) -> dict[str, float | None]:
+def upload_summary(ledger: pl.DataFrame, dense_model_bits: int) -> dict[str, float | None]:
     """Mean upload per client per round (one up message), in bytes and decimal KB (FedBIAD's
-    Table I/II unit), and ``up_ratio_mean``: the mean over training rounds of the round's
-    dense-equivalent upload over its sent upload (FedDST's ~5x at sparsity 0.8; see
+    Table I/II unit), and ``up_ratio_mean``: the mean over training rounds of the dense model's
+    upload over the sent upload (FedDST's ~5x at sparsity 0.8; see
     :func:`~fedcomm.evaluation.summaries.upload_ratios`)."""
     up = ledger.filter(pl.col("direction") == "up")
     if up.height == 0:
         return {"bytes_per_client_round": None, "kb_per_client_round": None, "up_ratio_mean": None}
     sent = (up["payload_bits"] + up["index_bits"] + up["meta_bits"]).mean()
-    ratios = upload_ratios(ledger)["up_ratio"]
+    ratios = upload_ratios(ledger, dense_model_bits)["up_ratio"]
     return {
         "bytes_per_client_round": float(sent) / 8,  # type: ignore[arg-type]
         "kb_per_client_round": float(sent) / 8 / 1000,  # type: ignore[arg-type]

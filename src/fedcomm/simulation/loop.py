@@ -206,7 +206,7 @@ def _one_round(
         payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen, round_)
         train_s.append(time.perf_counter() - t0)
         up_bits += ledger.record(round_, cid, "up", payload)
-        up_dense_bits += payload.dense_bits()
+        up_dense_bits += bits.dense(sum(p.numel() for p in model.parameters()))  # dense model
         decoded_up = payload.decode()
         uplinks.append(Uplink(cid, result.num_examples, decoded_up))
         payloads.append(payload)
@@ -258,7 +258,7 @@ def _one_round(
         "comm/cum_bytes": bits.to_bytes(cum_bits),
         "comm/cum_gib": bits.to_gib(cum_bits),
         "comm/cum_up_bytes": bits.to_bytes(cum_up_bits),
-        "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,  # dense / sent upload
+        "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,  # dense model / sent
         "train/loss": _weighted([lo for lo, _ in losses], [n for _, n in losses]),
         "time/client_s": float(np.mean(train_s)),
         "time/client_max_s": float(np.max(train_s)),

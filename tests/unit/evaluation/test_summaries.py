@@ -193,12 +193,12 @@ def test_summary_at_upload_cap_counts_uploads_only() -> None:
     json.dumps(s, allow_nan=False)
 
 
-def test_upload_ratios_per_round_dense_over_sent() -> None:
+def test_upload_ratios_per_round_dense_model_over_sent() -> None:
     ledger = pl.DataFrame(
         [
             (0, 2, "up", 100, 0, 0, 100),  # warm start: left out
             (1, 0, "up", 60, 30, 10, 500),
-            (1, 1, "up", 100, 0, 0, 300),  # round 1: 800 / 200 = 4
+            (1, 1, "up", 100, 0, 0, 300),  # round 1: 2 x 400 / 200 = 4
             (1, 0, "down", 10, 0, 0, 9999),  # downlink: left out
             (2, 0, "up", 400, 0, 0, 400),  # round 2: 1
             (3, 1, "up", 0, 0, 0, 0),  # nothing sent: left out
@@ -206,17 +206,18 @@ def test_upload_ratios_per_round_dense_over_sent() -> None:
         schema=LEDGER.schema,
         orient="row",
     )
-    out = upload_ratios(ledger)
+    out = upload_ratios(ledger, dense_model_bits=400)
     assert out["round"].to_list() == [1, 2]
     assert out["up_bits"].to_list() == [200, 400]
     assert out["up_dense_bits"].to_list() == [800, 400]
     assert out["up_ratio"].to_list() == [4.0, 1.0]
     from fedcomm.experiment import upload_summary
 
-    summary = upload_summary(ledger)
+    summary = upload_summary(ledger, 400)
     assert summary["up_ratio_mean"] == 2.5  # mean over rounds, not 1200 / 600
     assert summary["bytes_per_client_round"] == pytest.approx(700 / 5 / 8)  # all 5 up messages
-    assert upload_summary(ledger.filter(pl.col("direction") == "down"))["up_ratio_mean"] is None
+    down_only = ledger.filter(pl.col("direction") == "down")
+    assert upload_summary(down_only, 400)["up_ratio_mean"] is None
 
 
 def test_summary_to_target_and_tta() -> None:
