@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -73,6 +73,7 @@ from fedcomm.algorithms.base import (
     register,
 )
 from fedcomm.comm.payload import Payload
+from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
 
 DEFAULT_READJUST_END = 200  # the code's R // 2 at its default R = 400 rounds
@@ -89,6 +90,15 @@ class SparseConfig(AlgorithmConfig):
     free_initial_download: bool = Field(
         True, description="round 1's values cost nothing (θ_0 is a seed); mask bits still paid"
     )
+
+    @model_validator(mode="after")
+    def _no_server_optimizer(self) -> SparseConfig:
+        if self.server != ServerOptConfig():
+            raise ValueError(
+                f"{self.name} averages the kept weights directly and has no server optimizer; "
+                "remove `server`"
+            )
+        return self
 
 
 class Config(SparseConfig):

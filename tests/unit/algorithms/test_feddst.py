@@ -338,3 +338,10 @@ def test_smoke_accuracy_rises_at_the_target_density(fed: FederatedTensors) -> No
     assert all(r["feddst/density"] <= target + 1e-9 for r in rows)
     nonzero = sum(int((server.params[k] != 0).sum()) for k in server.masks)
     assert nonzero <= sum(server.budgets.values())
+
+
+def test_a_server_optimizer_is_refused_not_ignored() -> None:
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="no server optimizer"):
+        feddst.Config(server={"optimizer": "adam", "lr": 0.01})  # type: ignore[arg-type]
