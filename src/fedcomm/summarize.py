@@ -211,6 +211,7 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         summaries,
         title=params.summarize.title,
         sections=budget_and_target_sections(summaries, _metric_name(params)),
+        metric=params.evaluate.metric,
     )
     atomic.write_json(paths.reports / "metrics.json", headline(summaries))
     table = curves(params, rounds)

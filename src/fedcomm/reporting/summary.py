@@ -15,7 +15,7 @@ import polars as pl
 
 from fedcomm.atomic import write_text
 from fedcomm.evaluation.summaries import aggregate_seeds
-from fedcomm.reporting.plots import plot_accuracy_vs_gib, plot_accuracy_vs_round
+from fedcomm.reporting.plots import metric_axis, plot_accuracy_vs_gib, plot_accuracy_vs_round
 
 Kind = Literal["percent", "gib"]
 
@@ -158,6 +158,7 @@ def write_report(
     title: str,
     notes: Sequence[str] = (),
     sections: Sequence[str] = (),
+    metric: str = "global/accuracy",
 ) -> list[Path]:
     """Write ``summary.md`` and ``plots/*.png`` under ``out_dir``.
 
@@ -168,19 +169,23 @@ def write_report(
         title: report title.
         notes: extra bullet points at the end of the markdown.
         sections: extra markdown blocks after the results table.
+        metric: the global accuracy the first and third plots show (``topk/accuracy`` for
+            next-word prediction, ``evaluate.metric``).
 
     Returns:
         The written paths: the three plots, then ``summary.md``.
     """
     plot_dir = out_dir / "plots"
     gib_global, gib_local, by_round = (plot_dir / name for name, _ in PLOTS)
-    plot_accuracy_vs_gib(per_algorithm_rounds, gib_global, metric="global/accuracy")
+    plot_accuracy_vs_gib(per_algorithm_rounds, gib_global, metric=metric)
     plot_accuracy_vs_gib(per_algorithm_rounds, gib_local, metric="local/accuracy")
-    plot_accuracy_vs_round(per_algorithm_rounds, by_round, metric="global/accuracy")
+    plot_accuracy_vs_round(per_algorithm_rounds, by_round, metric=metric)
+    label = metric_axis(metric)[0].removesuffix(" (%)")  # "Top-k accuracy"
+    captions = [c.replace("Global accuracy", label) for _, c in PLOTS]
     markdown = render_markdown(
         summary_table(per_algorithm_summaries),
         title=title,
-        plots=[(caption, f"plots/{name}") for name, caption in PLOTS],
+        plots=[(c, f"plots/{name}") for (name, _), c in zip(PLOTS, captions, strict=True)],
         notes=notes,
         sections=sections,
     )

@@ -77,3 +77,24 @@ def test_topk_column_only_when_it_differs_from_top1() -> None:
     assert "Final top-k acc (%)" in text and "| 30.00 |" in text
     same = summary_table({"fedavg": [final(0.9, 0.9)]})  # train.topk = 1: a repeat, left out
     assert "top-k" not in render_markdown(same, title="t", plots=[])
+
+
+def test_report_plots_follow_the_metric(tmp_path: Any) -> None:
+    import polars as pl
+
+    from fedcomm.reporting.summary import write_report
+
+    rounds = pl.DataFrame(
+        {
+            "round": [1, 2],
+            "global/accuracy": [0.1, 0.1],
+            "topk/accuracy": [0.2, 0.3],
+            "local/accuracy": [0.1, 0.2],
+            "comm/cum_gib": [0.5, 1.0],
+        }
+    )
+    summaries = {"fedavg": [{"final": {"global/accuracy": 0.1, "topk/accuracy": 0.3}}]}
+    write_report(tmp_path, {"fedavg": [rounds]}, summaries, title="t", metric="topk/accuracy")
+    text = (tmp_path / "summary.md").read_text()
+    assert "### Top-k accuracy vs communication" in text and "### Top-k accuracy vs round" in text
+    assert (tmp_path / "plots" / "accuracy_vs_round.png").stat().st_size > 0
