@@ -23,8 +23,10 @@ from fedcomm.comm.compressors.config import (  # noqa: F401  (part of the params
     CompressorConfig,
     DgcCompressor,
     FedPaqCompressor,
+    LqCompressor,
     NoCompressor,
     SignSgdCompressor,
+    SpCompressor,
     StcCompressor,
 )
 
@@ -252,6 +254,22 @@ class ResNetModel(Strict):
     shortcut: Literal["A", "B"] = Field("B", description="A: zero-pad (no params), B: 1x1 conv")
 
 
+class ResNet18Model(Strict):
+    """``resnet18``: CIFAR ResNet-18 with GroupNorm (ProgFed's CIFAR-100 model)."""
+
+    name: Literal["resnet18"] = "resnet18"
+    groups: int = Field(2, ge=1, description="GroupNorm groups")
+
+
+class ProgfedEmnistCnnModel(Strict):
+    name: Literal["progfed_emnist_cnn"] = "progfed_emnist_cnn"
+    dropout: bool = Field(True, description="Dropout 0.25 after the convs, 0.5 after fc1")
+
+
+class ProgfedCifarCnnModel(Strict):
+    name: Literal["progfed_cifar_cnn"] = "progfed_cifar_cnn"
+
+
 class LstmModel(Strict):
     name: Literal["lstm"] = "lstm"
     embed_dim: int = Field(300, ge=1)
@@ -262,7 +280,15 @@ class LstmModel(Strict):
 
 
 ModelConfig = Annotated[
-    MlpModel | CnnModel | FeddstCnnModel | ResNetModel | LstmModel, Field(discriminator="name")
+    MlpModel
+    | CnnModel
+    | FeddstCnnModel
+    | ResNetModel
+    | ResNet18Model
+    | ProgfedEmnistCnnModel
+    | ProgfedCifarCnnModel
+    | LstmModel,
+    Field(discriminator="name"),
 ]
 
 
@@ -379,7 +405,10 @@ class Params(Strict):
                 f"algorithms.{run}: no such entry (allowed: {sorted(self.algorithms)})"
             )
         cfg: AlgorithmConfig = self.algorithms[run]
-        return cfg.with_rounds(self.train.rounds)  # round-dependent defaults resolved
+        try:
+            return cfg.with_rounds(self.train.rounds)  # round-dependent defaults resolved
+        except ValueError as err:
+            raise ConfigError(f"algorithms.{run}: {err}") from None
 
 
 class ConfigError(ValueError):

@@ -137,6 +137,9 @@ def test_model_configs_match_the_model_registry() -> None:
         config.CnnModel,
         config.FeddstCnnModel,
         config.ResNetModel,
+        config.ResNet18Model,
+        config.ProgfedEmnistCnnModel,
+        config.ProgfedCifarCnnModel,
         config.LstmModel,
     )
     for cls in models:

@@ -7,7 +7,7 @@ Example:
     [('conv1', 32), ('conv2', 64), ('fc1', 1600), ('fc2', 512)]
 """
 
-from fedcomm.models import lstm, resnet, vision  # noqa: F401  (registers the models)
+from fedcomm.models import lstm, progfed_nets, resnet, vision  # noqa: F401  (registers the models)
 from fedcomm.models.groups import (
     GroupSpec,
     apply_mask,
@@ -17,6 +17,14 @@ from fedcomm.models.groups import (
     groups,
     rows,
     ungrouped,
+)
+from fedcomm.models.progressive import (
+    ProgressiveNet,
+    Staged,
+    Unit,
+    dense_numel,
+    is_staged,
+    structure_for,
 )
 from fedcomm.models.registry import (
     MODELS,
@@ -31,15 +39,21 @@ __all__ = [
     "MODELS",
     "GroupSpec",
     "ModelFactory",
+    "ProgressiveNet",
+    "Staged",
+    "Unit",
     "apply_mask",
     "build_model",
+    "dense_numel",
     "expand_mask",
     "group_norms",
     "group_sizes",
     "groups",
+    "is_staged",
     "num_parameters",
     "option_names",
     "register",
     "rows",
+    "structure_for",
     "ungrouped",
 ]

@@ -10,22 +10,32 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedcomm.models.progressive import Unit, even_cuts
 from fedcomm.models.registry import invalid_option, positive_int, positive_ints, register
 
 
 class MLP(nn.Module):
-    """Flatten, then Linear layers ``fc1 … fcL`` with ReLU between them (none after the last)."""
+    """Flatten, then Linear layers ``fc1 … fcL`` with ReLU between them (none after the last).
+
+    Staged (``fedcomm.models.progressive``): unit ``i`` is ``fc{i}`` + ReLU for each hidden
+    layer, the classifier is ``fc{L}``; ``default_stages = len(hidden) + 1`` (the last stage
+    adds only the classifier), 1 for a linear model; any S splits the units with ``even_cuts``.
+    """
 
     def __init__(self, in_features: int, hidden: Sequence[int], num_classes: int) -> None:
         super().__init__()
         widths = [in_features, *hidden, num_classes]
         for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths), 1):
             self.add_module(f"fc{i}", nn.Linear(fan_in, fan_out))
+        self.hidden = tuple(hidden)
+        self.default_stages = len(hidden) + 1
+        self.classifier_prefixes: tuple[str, ...] = (f"fc{len(hidden) + 1}.",)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layers = list(self.children())
@@ -34,10 +44,34 @@ class MLP(nn.Module):
             x = F.relu(layer(x))  # (B, hidden_i)
         return layers[-1](x)  # (B, num_classes)
 
+    def units(self) -> list[Unit]:
+        """One unit per hidden layer: flatten + ``fc{i}`` + ReLU."""
+        return [
+            Unit(f"fc{i}", (f"fc{i}.",), width, partial(_linear_relu, getattr(self, f"fc{i}")))
+            for i, width in enumerate(self.hidden, 1)
+        ]
+
+    def classify(self, h: torch.Tensor) -> torch.Tensor:
+        """The last linear layer (on the flattened input for a linear model)."""
+        out: torch.Tensor = getattr(self, f"fc{len(self.hidden) + 1}")(h.flatten(1))
+        return out
+
+    def stage_cuts(self, stages: int) -> list[int]:
+        """``even_cuts`` over the hidden layers; S in ``1 … len(hidden) + 1``."""
+        return even_cuts(len(self.hidden), stages)
+
 
 class ConvNet(nn.Module):
     """conv5x5-ReLU-maxpool2-conv5x5-ReLU-maxpool2-flatten-fc-ReLU-fc, the shared shape of ``cnn``
-    and ``mnist_cnn`` (they differ only in the convolutions' padding)."""
+    and ``mnist_cnn`` (they differ only in the convolutions' padding).
+
+    Staged (``fedcomm.models.progressive``): units ``conv1`` (conv + ReLU + pool), ``conv2``
+    (likewise) and ``fc1`` (flatten + fc1 + ReLU); classifier ``fc2``; ``default_stages = 3``
+    (one unit each, as ProgFed's MNIST ConvNet); any S in 1..4 via ``even_cuts``.
+    """
+
+    default_stages = 3
+    classifier_prefixes = ("fc2.",)
 
     def __init__(
         self,
@@ -62,6 +96,33 @@ class ConvNet(nn.Module):
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (B, 64, 5, 5)
         x = F.relu(self.fc1(x.flatten(1)))  # (B, 512)
         return self.fc2(x)  # (B, num_classes)
+
+    def units(self) -> list[Unit]:
+        """``conv1`` block, ``conv2`` block, ``fc1`` (flatten + fc1 + ReLU)."""
+        return [
+            Unit("conv1", ("conv1.",), self.conv1.out_channels, partial(_conv_pool, self.conv1)),
+            Unit("conv2", ("conv2.",), self.conv2.out_channels, partial(_conv_pool, self.conv2)),
+            Unit("fc1", ("fc1.",), self.fc1.out_features, partial(_linear_relu, self.fc1)),
+        ]
+
+    def classify(self, h: torch.Tensor) -> torch.Tensor:
+        """``fc2``."""
+        out: torch.Tensor = self.fc2(h)
+        return out
+
+    def stage_cuts(self, stages: int) -> list[int]:
+        """``even_cuts`` over the 3 units; S in 1..4."""
+        return even_cuts(3, stages)
+
+
+def _linear_relu(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """Flatten (a no-op on 2-D input), ``layer``, ReLU."""
+    return F.relu(layer(x.flatten(1)))  # (B, out_features)
+
+
+def _conv_pool(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv``, ReLU, maxpool2: one ``ConvNet`` block."""
+    return F.max_pool2d(F.relu(conv(x)), 2)  # (B, C_out, H', W')
 
 
 def _after_blocks(size: int, padding: int) -> int:

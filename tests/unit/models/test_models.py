@@ -18,6 +18,9 @@ SMALL: dict[str, tuple[tuple[int, ...], int, dict[str, Any], tuple[int, ...]]] =
     "mnist_cnn": ((1, 12, 12), 10, {"channels": [4, 8], "hidden": 16}, (2, 10)),
     "feddst_cnn": ((2, 14, 15), 6, {"channels": [3, 4], "hidden": [5, 7]}, (2, 6)),
     "resnet20": ((3, 8, 8), 10, {}, (2, 10)),
+    "resnet18": ((3, 4, 4), 10, {}, (2, 10)),
+    "progfed_emnist_cnn": ((1, 10, 10), 6, {}, (2, 6)),
+    "progfed_cifar_cnn": ((3, 18, 19), 4, {}, (2, 4)),
     "lstm": ((6,), 13, {"embed_dim": 8, "hidden": 12}, (2, 6, 13)),
 }
 
@@ -51,6 +54,9 @@ def test_every_registered_model_has_a_small_config() -> None:
         ("feddst_cnn", (3, 32, 32), 100, {"channels": [6, 16], "hidden": [120]}, 783_092),
         ("resnet20", (3, 32, 32), 10, {}, 272_474),  # option B projections
         ("resnet20", (3, 32, 32), 100, {"shortcut": "A"}, 275_572),  # FedSparse's ~275.6k
+        ("resnet18", (3, 32, 32), 100, {}, 11_220_132),  # ProgFed CIFAR-100 (GroupNorm)
+        ("progfed_emnist_cnn", (1, 28, 28), 62, {}, 1_206_590),  # ProgFed EMNIST ConvNet
+        ("progfed_cifar_cnn", (3, 32, 32), 10, {}, 122_570),  # ProgFed CIFAR-10 (paper)
         ("lstm", (35,), 10_000, {}, 7_454_800),  # FedBIAD PTB LM, 29.8 MB
     ],
 )
@@ -83,7 +89,7 @@ def test_deterministic_init(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_functional_call_covers_all_state(name: str) -> None:
-    model, x = small(name), example_input(name)
+    model, x = small(name).eval(), example_input(name)  # eval: no dropout noise
     params: dict[str, torch.Tensor] = dict(model.named_parameters())
     assert torch.equal(functional_call(model, params, (x,)), model(x))
     zeros = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -140,6 +146,12 @@ def test_unknown_option_is_named() -> None:
         ("feddst_cnn", (1, 28, 28), {"hidden": 50}, "hidden"),
         ("resnet20", (3, 32, 32), {"groups": 3}, "groups"),
         ("resnet20", (3, 32, 32), {"shortcut": "C"}, "shortcut"),
+        ("resnet18", (3, 32, 32), {"groups": 3}, "groups"),
+        ("resnet18", (32, 32), {}, "input_shape"),
+        ("progfed_emnist_cnn", (1, 5, 28), {}, "input_shape"),
+        ("progfed_emnist_cnn", (1, 28, 28), {"dropout": 0.5}, "dropout"),
+        ("progfed_cifar_cnn", (3, 17, 32), {}, "input_shape"),
+        ("progfed_cifar_cnn", (3, 32), {}, "input_shape"),
         ("lstm", (5,), {"output": "all"}, "output"),
         ("lstm", (5,), {"num_layers": 0}, "num_layers"),
         ("lstm", (5,), {"tie_weights": True, "embed_dim": 4, "hidden": 8}, "tie_weights"),
