@@ -10,7 +10,14 @@ Every payload's size is computed by a function of this module applied to what is
 * a bit mask (one bit per group, row or entry) costs ``numel`` bits;
 * metadata scalars (scales, seeds, counts) cost their declared width (32 bits by default);
 * a stochastically quantised value with ``s`` magnitude levels costs a sign bit plus
-  ``ceil(log2(s + 1))`` bits for its level in ``{0..s}`` (QSGD/FedPAQ; ``s = 127``: 8 bits).
+  ``ceil(log2(s + 1))`` bits for its level in ``{0..s}`` (QSGD/FedPAQ; ``s = 127``: 8 bits);
+* a linearly quantised tensor (ProgFed's LQ-b) costs ``b`` bits per quantised entry (with the
+  ``padded`` rotation the zero rows added up to a power of two are quantised and counted too)
+  plus ``2 × 32`` meta bits for ``v_min``, ``v_max`` and 32 more for the seed of the rotation's
+  sign flips when it is rotated: LQ-2 of a rotated ``10 × 7`` tensor costs ``140 + 96``;
+* a random mask regenerated from a sent seed (ProgFed's SP-p) costs the seed's 32 meta bits and
+  no index; its kept values cost what they are sent as (``nnz · 32`` in fp32, or LQ-b's rule
+  above for the flat vector of kept values when ``nnz > 0``).
 
 Bytes are ``bits / 8``; GiB are ``bytes / 2**30``.
 """
@@ -91,6 +98,23 @@ def quantized_width(levels: int) -> int:
     if levels < 1:
         raise ValueError(f"levels must be >= 1, got {levels}")
     return 1 + levels.bit_length()  # levels.bit_length() == ceil(log2(levels + 1))
+
+
+def linear_quantized(numel: int, value_bits: int) -> int:
+    """Payload bits of ``numel`` linearly quantised levels of ``value_bits`` each (LQ-b)."""
+    if not 1 <= value_bits <= 8:
+        raise ValueError(f"value_bits must be in 1..8, got {value_bits}")
+    return dense(numel, value_bits)
+
+
+def linear_quantized_meta(rotated: bool) -> int:
+    """Meta bits of an LQ-b tensor: ``v_min``, ``v_max`` and, when rotated, the sign-flip seed."""
+    return meta(3 if rotated else 2)
+
+
+def seeded_mask() -> int:
+    """Bits of a random mask the receiver regenerates from a sent seed: the seed (32 bits)."""
+    return meta(1)
 
 
 def to_bytes(bits: int) -> float:

@@ -2,9 +2,9 @@
 
 ``encode_dense`` sends every value; ``encode_sparse`` sends the non-zeros with a bitmap or
 coordinate indices (the cheaper one unless a format is forced). Uplink compressors that wrap an
-algorithm's uplink (DGC, STC, SignSGD, FedPAQ in :mod:`fedcomm.comm.compressors`) are registered
-in :data:`COMPRESSORS` and act on a whole :class:`~fedcomm.comm.payload.Payload` with explicit
-per-client state.
+algorithm's uplink (DGC, STC, SignSGD, FedPAQ, LQ, SP in :mod:`fedcomm.comm.compressors`) are
+registered in :data:`COMPRESSORS` and act on a whole :class:`~fedcomm.comm.payload.Payload`
+with explicit per-client state.
 
 The compressor contract:
 

@@ -1,4 +1,4 @@
-"""Uplink compressors (DGC, STC, SignSGD, FedPAQ), one module each, registered by name.
+"""Uplink compressors (DGC, STC, SignSGD, FedPAQ; ProgFed's LQ and SP), registered by name.
 
 Importing this package imports every public submodule, so each ``@register_compressor`` runs;
 :mod:`fedcomm.comm.codecs` imports it once its registry exists. The contract every compressor

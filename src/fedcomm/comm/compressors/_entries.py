@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from fedcomm.comm import bits
-from fedcomm.comm.payload import BitCount
+from fedcomm.comm.compressors import _lq
+from fedcomm.comm.payload import BitCount, Dense
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -97,3 +98,73 @@ class Quantized:
 
     def dense_bits(self) -> int:
         return bits.dense(self.levels.numel())
+
+
+@dataclass(frozen=True)
+class LinearQuantized:
+    """ProgFed's LQ-b message: uint8 levels of the (rotated) matrix ``Y``, ``v_min``, ``v_max``
+    and the seed of the rotation's sign flips ``D`` (see :mod:`fedcomm.comm.compressors._lq`).
+
+    Decodes to ``X̂ = H⁻¹((q·(v_max − v_min)/(2^b − 1) + v_min) ⊙ D)`` (no ``H``, ``D`` without a
+    rotation), reshaped to ``shape``. Bits: ``levels.numel()·b`` (padded rows included) +
+    ``2·32`` (``v_min``, ``v_max``) + 32 (the seed) when rotated.
+    """
+
+    levels: Tensor  # uint8 (rows, n2) in [0, 2^b - 1]; rows = n1, or 2^k with "padded"
+    v_min: Tensor  # () float32
+    v_max: Tensor  # () float32
+    bits: int
+    shape: tuple[int, ...]  # the decoded shape
+    rotation: _lq.Rotation = "none"
+    seed: int | None = None  # D's seed; None without a rotation
+    dtype: torch.dtype = torch.float32
+
+    def decode(self) -> Tensor:
+        y = _lq.dequantize(self.levels, self.v_min, self.v_max, self.bits)
+        n1, _ = _lq.matrix_shape(self.shape)
+        return _lq.unrotate(y, self.rotation, self.seed, n1).to(self.dtype).reshape(self.shape)
+
+    def nbits(self) -> BitCount:
+        return BitCount(
+            payload=bits.linear_quantized(self.levels.numel(), self.bits),
+            meta=bits.linear_quantized_meta(self.rotation != "none"),
+        )
+
+    def dense_bits(self) -> int:
+        return bits.dense(_numel(self.shape))
+
+
+def bernoulli_mask(seed: int, keep: float, numel: int) -> Tensor:
+    """A flat bool mask, each entry kept with probability ``keep``, from
+    ``torch.Generator().manual_seed(seed)`` (the sender and the receiver draw the same one)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(numel, generator=g, dtype=torch.float64) < keep
+
+
+@dataclass(frozen=True)
+class SeededSparse:
+    """ProgFed's SP-p message: the values kept by a Bernoulli(``keep``) mask, already divided by
+    ``keep``, and the mask's seed; the receiver regenerates the mask, so no index is sent.
+
+    ``values`` is the flat ``(nnz,)`` vector of kept values in mask order, as fp32 ``Dense`` or
+    LQ-b quantised (:class:`LinearQuantized`). Decodes to them scattered into zeros. Bits: those
+    of ``values`` + 32 (the seed).
+    """
+
+    values: Dense | LinearQuantized
+    seed: int
+    keep: float
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+    def decode(self) -> Tensor:
+        numel = _numel(self.shape)
+        out = torch.zeros(numel, dtype=self.dtype)
+        out[bernoulli_mask(self.seed, self.keep, numel)] = self.values.decode().to(self.dtype)
+        return out.reshape(self.shape)
+
+    def nbits(self) -> BitCount:
+        return self.values.nbits() + BitCount(meta=bits.seeded_mask())
+
+    def dense_bits(self) -> int:
+        return bits.dense(_numel(self.shape))

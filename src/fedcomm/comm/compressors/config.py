@@ -52,8 +52,42 @@ class FedPaqCompressor(Strict):
     levels: int = Field(127, ge=1, description="magnitude levels s (127: 8 bits with the sign)")
 
 
+Rotation = Literal["truncated", "padded", "none"]
+_ROTATION = (
+    "random Hadamard rotation of dim 0 before quantising: truncated (the official ProgFed code), "
+    "padded (zero rows up to 2^k, orthonormal; padded entries are sent) or none"
+)
+
+
+class LqCompressor(Strict):
+    """``lq``: ProgFed's LQ-b, linear stochastic quantisation after a random rotation
+    (:mod:`fedcomm.comm.compressors.lq`)."""
+
+    name: Literal["lq"] = "lq"
+    bits: int = Field(8, ge=1, le=8, description="bits b per quantised entry (uint8 levels)")
+    rotation: Rotation = Field("truncated", description=_ROTATION)
+
+
+class SpCompressor(Strict):
+    """``sp``: ProgFed's SP-p, a seeded random Bernoulli(keep) mask rescaled by 1/keep
+    (:mod:`fedcomm.comm.compressors.sp`)."""
+
+    name: Literal["sp"] = "sp"
+    keep: float = Field(0.1, gt=0, le=1, description="probability p of keeping each value")
+    bits: int | None = Field(
+        None, ge=1, le=8, description="LQ-b of the kept values (None: fp32; 8: LQ8+SP)"
+    )
+    rotation: Rotation = Field("truncated", description=_ROTATION + " (used only with bits)")
+
+
 # Uplink compressor wrapping every algorithm's uplink; options = every field but ``name``.
 CompressorConfig = Annotated[
-    NoCompressor | DgcCompressor | StcCompressor | SignSgdCompressor | FedPaqCompressor,
+    NoCompressor
+    | DgcCompressor
+    | StcCompressor
+    | SignSgdCompressor
+    | FedPaqCompressor
+    | LqCompressor
+    | SpCompressor,
     Field(discriminator="name"),
 ]

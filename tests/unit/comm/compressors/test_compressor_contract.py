@@ -28,6 +28,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("signsgd", {}),
     ("signsgd", {"scale": True}),
     ("fedpaq", {}),
+    ("lq", {"bits": 4}),
+    ("lq", {"bits": 2, "rotation": "none"}),
 ]
 IDS = [f"{n}-{'-'.join(map(str, o.values())) or 'default'}" for n, o in CASES]
 
@@ -141,6 +143,9 @@ def _rule(name: str, options: dict[str, Any], numels: list[int], round_: int) ->
         return sum(keep_count(1 / 400, n) * (1 + 64) + 32 for n in numels)
     if name == "signsgd":
         return sum(numels) + (32 * len(numels) if options.get("scale") else 0)
+    if name == "lq":  # b bits per value + v_min, v_max (+ the rotation seed)
+        meta = 64 if options.get("rotation") == "none" else 96
+        return sum(options["bits"] * n + meta for n in numels)
     return sum(8 * n + 32 for n in numels)  # fedpaq, s = 127
 
 
