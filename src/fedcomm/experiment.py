@@ -39,6 +39,7 @@ from fedcomm.data.types import Dataset
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.evaluation.summaries import LinkModel, summarize_run, upload_ratios
 from fedcomm.models import build_model
+from fedcomm.models.progressive import dense_numel
 from fedcomm.reporting.plots import plot_accuracy_vs_gib, plot_accuracy_vs_round
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import checkpoint as ckpt_mod
@@ -196,9 +197,10 @@ def train_stage(
         params, run, seed, name, config, phash, previous.run_id if previous else None
     )
     try:
-        with round_progress(name, params.train.rounds, enabled=show_progress) as progress:
+        lcfg = loop_config(params, seed, run)
+        with round_progress(name, lcfg.rounds, enabled=show_progress) as progress:
             result = loop.run(
-                loop_config(params, seed),
+                lcfg,
                 algorithm,
                 model,
                 data,
@@ -220,10 +222,13 @@ def train_stage(
     return out
 
 
-def loop_config(params: Params, seed: int) -> loop.LoopConfig:
+def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopConfig:
+    """The loop's view of ``train``; with ``run``, its rounds include the algorithm's extra rounds
+    (ProgFed's warm-up rounds, which do not count toward ``train.rounds``)."""
     t = params.train
+    extra = params.algorithm(run).extra_rounds() if run is not None else 0
     return loop.LoopConfig(
-        rounds=t.rounds,
+        rounds=t.rounds + extra,
         clients_per_round=t.clients_per_round,
         local=t.local,
         seed=seed,
@@ -377,9 +382,14 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     )
     data, _ = load_federated(params, paths)
     model = build_run_model(params, data, seed)
+    algorithm = build_algorithm(params.algorithm(run))
+    if algorithm.prepare_model is not None:  # e.g. ProgFed: the saved sub-model's structure
+        model = algorithm.prepare_model(model, seed)
     final = load_sparse(trained / "model.safetensors")
-    summary["upload"] = upload_summary(
-        ledger, bits.dense(sum(p.numel() for p in model.parameters()))
+    numel = dense_numel(model)
+    summary["upload"] = upload_summary(ledger, bits.dense(numel))
+    summary["comm"] = comm_summary(
+        ledger, bits.dense(numel), params.train.rounds, params.train.clients_per_round
     )
     members = split_members(final)  # an ensemble (fedavg_mog) is evaluated as one
     g = evaluate(model, members, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
@@ -443,6 +453,21 @@ def upload_summary(ledger: pl.DataFrame, dense_model_bits: int) -> dict[str, flo
         "bytes_per_client_round": float(sent) / 8,  # type: ignore[arg-type]
         "kb_per_client_round": float(sent) / 8 / 1000,  # type: ignore[arg-type]
         "up_ratio_mean": float(ratios.mean()) if len(ratios) else None,  # type: ignore[arg-type]
+    }
+
+
+def comm_summary(
+    ledger: pl.DataFrame, dense_model_bits: int, rounds: int, clients_per_round: int
+) -> dict[str, float]:
+    """All bits sent (both directions, warm-up and extra rounds included) against end-to-end
+    dense FedAvg: the dense model down and up for each of ``clients_per_round`` clients in each
+    of ``train.rounds`` rounds (ProgFed's "communication cost relative to the baseline")."""
+    sent = int((ledger["payload_bits"] + ledger["index_bits"] + ledger["meta_bits"]).sum())
+    e2e = 2 * dense_model_bits * clients_per_round * rounds
+    return {
+        "total_gib": bits.to_gib(sent),
+        "dense_e2e_gib": bits.to_gib(e2e),
+        "cost_vs_dense_e2e": sent / e2e if e2e else float("nan"),
     }
 
 

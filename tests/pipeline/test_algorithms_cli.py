@@ -142,3 +142,89 @@ def test_feddst_family_on_lotteryfl_shards_with_upload_caps(project: Path) -> No
     assert ratios["fedavgm"] == 1.0 and ratios["randommask"] > 1.5  # half the weights sent
     summary = (project / "reports" / "summary.md").read_text()
     assert "within an upload cap" in summary and "≤ 0.0001 GiB" in summary
+
+
+def test_progfed_with_lq_and_sp_uplinks_runs_from_params(project: Path) -> None:
+    """ProgFed (S = 2, one warm-up round) and its end-to-end baseline with LQ-8, LQ-2, SP-10 and
+    LQ8+SP10 uplinks: ``fedcomm train/evaluate/summarize``, stage metrics in MLflow, the
+    warm-up round run on top of ``train.rounds``, the cost ratio in metrics.json."""
+    import json
+
+    import polars as pl
+
+    algorithms = {
+        "e2e": {"name": "progfed", "stages": 1},
+        "progfed": {"name": "progfed", "stages": 2, "warmup_rounds": 1},
+        "progfed_lq8": {"name": "progfed", "stages": 2, "uplink": {"name": "lq", "bits": 8}},
+        "e2e_lq2": {"name": "progfed", "stages": 1, "uplink": {"name": "lq", "bits": 2}},
+        "progfed_sp10": {"name": "progfed", "stages": 2, "uplink": {"name": "sp", "keep": 0.1}},
+        "progfed_lq8sp10": {
+            "name": "progfed",
+            "stages": 2,
+            "uplink": {"name": "sp", "keep": 0.1, "bits": 8},
+        },
+    }
+    raw = tiny_params(
+        **{
+            "experiment.runs": list(algorithms),
+            "train.rounds": 4,
+            "train.local": {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.9},
+            "model": {"name": "mnist_cnn", "channels": [4, 8], "hidden": 16},
+        }
+    )
+    raw["algorithms"] = algorithms
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    cli = CliRunner()
+    res = cli.invoke(app, ["partition"])
+    assert res.exit_code == 0, res.output
+    for run in algorithms:
+        for stage in ("train", "evaluate"):
+            res = cli.invoke(app, [stage, "--run", run])
+            assert res.exit_code == 0, (run, stage, res.output, res.exception)
+    assert cli.invoke(app, ["summarize"]).exit_code == 0
+    rounds = pl.read_parquet(project / "runs" / "progfed-s0" / "train" / "rounds.parquet")
+    assert rounds["round"].to_list() == [1, 2, 3, 4, 5]  # T = 4 plus one warm-up round
+    # T_s = T/(2S) = 1 round of stage 1, the warm-up round, then T − T_s = 3 of the full model
+    assert rounds["progfed/stage"].to_list() == [1, 2, 2, 2, 2]
+    assert rounds["progfed/warmup"].to_list() == [0, 1, 0, 0, 0]
+    metrics = {
+        run: json.loads((project / "runs" / f"{run}-s0" / "metrics.json").read_text())
+        for run in algorithms
+    }
+    cost = {run: m["comm"]["cost_vs_dense_e2e"] for run, m in metrics.items()}
+    assert cost["e2e"] == pytest.approx(1.0)  # the baseline is dense end-to-end by definition
+    # ProgFed's cost from the sub-model sizes: round 1 sends M^1 both ways, the warm-up round
+    # M^2 down and E_2 + G_2 up, then M^2 both ways for 3 rounds; over 4 dense rounds
+    import torch
+
+    from fedcomm.models import build_model
+    from fedcomm.models.progressive import ProgressiveNet
+
+    base = build_model(
+        "mnist_cnn", input_shape=(1, 8, 8), num_classes=10, channels=[4, 8], hidden=16
+    )
+    net = ProgressiveNet(base, 2, 10, torch.Generator().manual_seed(0))
+    p1, p2 = net.submodel_numel(1), net.submodel_numel(2)
+    new = sum(
+        p.numel()
+        for n, p in net.named_parameters()
+        if n in [*net.block_params(2), *net.head_params(2)]
+    )
+    assert cost["progfed"] == pytest.approx((2 * p1 + p2 + new + 6 * p2) / (8 * p2))
+    assert cost["progfed"] > 1.0  # at T = 4 the warm-up round costs more than stage 1 saves
+    assert cost["e2e_lq2"] < cost["progfed_lq8"] < 0.65  # 2 (8) bits up, 32 down
+    assert cost["progfed_lq8sp10"] < cost["progfed_sp10"] < cost["progfed_lq8"]
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tests")
+    assert exp is not None
+    (found,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'progfed-s0'")
+    for key in (
+        "progfed/stage",
+        "progfed/submodel_params",
+        "progfed/submodel_fraction",
+        "comm/cost_vs_dense",
+        "summary/comm.cost_vs_dense_e2e",
+        "summary/saved_model.global/accuracy",
+    ):
+        assert key in found.data.metrics, key
+    assert "All traffic vs dense end-to-end" in (project / "reports" / "summary.md").read_text()

@@ -7,7 +7,9 @@ Algorithms vary it through hooks, never by copying it:
 
 * ``loss_hook(params, loss) -> loss``  extra terms of the local objective (e.g. L1 on groups);
 * ``grad_hook(params, grads) -> grads`` gradient corrections (FedProx's ``μ(w - w_t)``);
-* ``post_step(params) -> None``         in-place projections after each step (masks).
+* ``post_step(params) -> None``         in-place projections after each step (masks);
+* ``skip_loss``                         skip a step whose minibatch loss is >= this value (the
+  ProgFed code's divergence guard), leaving parameters and optimizer state unchanged.
 
 SGD with optional momentum and weight decay follows :class:`torch.optim.SGD` exactly
 (``g ← g + wd·w; b ← μb + g; w ← w − lr·b``).
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -97,6 +99,7 @@ class LocalResult:
     params: Params
     loss: float  # mean training loss over the steps taken
     steps: int
+    bufs: dict[str, Tensor] = field(default_factory=dict)  # optimizer state at the end
 
 
 def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
@@ -130,6 +133,7 @@ def make_step(
     param_map: ParamMap | None = None,
     aux: AuxAdamax | None = None,
     functional: bool = True,
+    skip_loss: float | None = None,
 ) -> StepFn:
     """One SGD step ``(live, bufs, frozen, xb, yb) -> (live, bufs, data loss)``.
 
@@ -179,6 +183,9 @@ def make_step(
         yb: Tensor,
     ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
         grads, loss = grad_fn(live, frozen, xb, yb)
+        if skip_loss is not None and not functional and float(loss.detach()) >= skip_loss:
+            return live, bufs, loss.detach()  # a diverging step is not taken (eager form)
+        old = (live, bufs) if skip_loss is not None and functional else None
         if grad_hook is not None:
             grads = grad_hook({**frozen, **live}, grads)
         aux_live = {k: live[k] for k in aux_keys}
@@ -193,6 +200,10 @@ def make_step(
         live, bufs = {**model_live, **aux_live}, model_bufs
         if post_step is not None:
             live = post_step(live)
+        if old is not None and skip_loss is not None:  # functional form of the same guard
+            take = loss.detach() < skip_loss
+            live = {k: torch.where(take, v, old[0][k]) for k, v in live.items()}
+            bufs = {k: torch.where(take, v, old[1][k]) for k, v in bufs.items()}
         return live, bufs, loss.detach()
 
     return step
@@ -284,11 +295,16 @@ def local_sgd(
     trainable: Mapping[str, bool] | None = None,
     param_map: ParamMap | None = None,
     aux: AuxAdamax | None = None,
+    skip_loss: float | None = None,
+    bufs: Mapping[str, Tensor] | None = None,
 ) -> LocalResult:
     """Run local SGD from ``params`` on ``data``; returns new detached params and the mean loss.
 
     ``trainable`` may freeze parameters by name (they are still used in the forward pass).
-    The steps are :func:`make_step` over the batches of :func:`batch_schedule`.
+    The steps are :func:`make_step` over the batches of :func:`batch_schedule`. ``bufs`` is the
+    optimizer state to start from (e.g. a client's persistent momentum; default: fresh); the
+    state at the end is returned in :attr:`LocalResult.bufs`. The mean loss covers every
+    minibatch, including steps skipped by ``skip_loss``.
     """
     step = make_step(
         model,
@@ -299,6 +315,7 @@ def local_sgd(
         param_map=param_map,
         aux=aux,
         functional=False,
+        skip_loss=skip_loss,
     )
     frozen = {
         k: v.detach()
@@ -306,11 +323,13 @@ def local_sgd(
         if trainable is not None and not trainable.get(k, True)
     }
     live = {k: v.detach().clone() for k, v in params.items() if k not in frozen}  # ours to update
-    bufs = init_bufs(live, cfg, aux)
+    state = init_bufs(live, cfg, aux)
+    if bufs is not None:
+        state.update({k: v.detach().clone() for k, v in bufs.items() if k in state})
     losses: list[Tensor] = []
     for idx in batch_schedule(data.num_examples, cfg, generator):
-        live, bufs, loss = step(live, bufs, frozen, data.x[idx], data.y[idx])
+        live, state, loss = step(live, state, frozen, data.x[idx], data.y[idx])
         losses.append(loss)
     mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
     out = {k: (live[k] if k in live else frozen[k]) for k in params}
-    return LocalResult(out, mean_loss, len(losses))
+    return LocalResult(out, mean_loss, len(losses), state)

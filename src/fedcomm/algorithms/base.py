@@ -17,7 +17,13 @@ optax's state discipline), built from its pydantic config by a registered builde
   for, so that local accuracy measures what was actually sent when a compressor is lossy;
 * ``warm_start(server_state, train, ctx) -> (server_state, messages)`` (optional) work on
   clients' data before round 1 (GraSP pruning at initialisation, PruneFL's phase one); the
-  messages it returns (``client_id, direction, payload``) are charged to the ledger as round 0.
+  messages it returns (``client_id, direction, payload``) are charged to the ledger as round 0;
+* ``prepare_model(model, seed) -> model`` (optional) the structure the algorithm trains and
+  evaluates, built around the registry's model (ProgFed's progressive net with its temporary
+  heads); the loop and the evaluate stage call it, and it must be deterministic in ``seed``.
+
+An algorithm whose config's :meth:`AlgorithmConfig.extra_rounds` is positive runs that many
+rounds on top of ``train.rounds`` (ProgFed's warm-up rounds, which do not count toward T).
 
 The round loop (:mod:`fedcomm.simulation.loop`) owns sampling, encoding, accounting and
 evaluation; algorithms never see the ledger. Adding an algorithm = one module with a ``Config``
@@ -59,6 +65,10 @@ class AlgorithmConfig(BaseModel):
         """This config with defaults that depend on ``train.rounds`` filled in (e.g. FedDST's
         ``readjust_end = R // 2``); :meth:`fedcomm.config.Params.algorithm` calls it."""
         return self
+
+    def extra_rounds(self) -> int:
+        """Rounds this algorithm runs on top of ``train.rounds`` (ProgFed's warm-up rounds)."""
+        return 0
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,9 @@ class FedAlgorithm:
         ]
         | None
     ) = None
+    # the structure trained and evaluated, built around the registry's model (deterministic in
+    # the seed): ProgFed's progressive net with temporary heads; raises ValueError if impossible
+    prepare_model: Callable[[nn.Module, int], nn.Module] | None = None
 
 
 C = TypeVar("C", bound=AlgorithmConfig)

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from fedcomm.models.progressive import structure_for
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -129,9 +131,12 @@ def _scores(model: nn.Module, members: Sequence[Mapping[str, Tensor]], xb: Tenso
     """Logits of one model; for an ensemble, the log of the members' mean softmax (cross-entropy
     and argmax on these are the ensemble's NLL and prediction)."""
     if len(members) == 1:
-        return torch.func.functional_call(model, dict(members[0]), (xb,))
+        return torch.func.functional_call(structure_for(model, members[0]), dict(members[0]), (xb,))
     probs = torch.stack(
-        [torch.func.functional_call(model, dict(m), (xb,)).float().softmax(-1) for m in members]
+        [
+            torch.func.functional_call(structure_for(model, m), dict(m), (xb,)).float().softmax(-1)
+            for m in members
+        ]
     ).mean(0)
     return probs.clamp_min(1e-30).log()
 
@@ -152,7 +157,8 @@ def evaluate(
     the result does not depend on ``batch_size``. Inputs are moved to the parameters' device.
 
     Args:
-        model: the architecture (its own parameters are not used where ``params`` names them).
+        model: the architecture (its own parameters are not used where ``params`` names them);
+            a progressive model (ProgFed) runs the sub-model the parameters describe.
         params: parameters by name, as ``model.named_parameters()`` names them; or a list of
             such mappings, evaluated as an ensemble (the mean of the members' softmax outputs).
         x: inputs, ``(N, ...)``.

@@ -45,6 +45,7 @@ from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger
 from fedcomm.comm.payload import Payload
 from fedcomm.evaluation.metrics import evaluate
+from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
 from fedcomm.simulation import checkpoint
 from fedcomm.simulation.data import FederatedTensors
@@ -123,8 +124,11 @@ def run(
 ) -> RunResult:
     """Train ``algorithm`` for ``cfg.rounds`` rounds; resume from ``checkpoint_path`` if valid.
 
-    ``model`` provides the structure and the initial parameters (already seeded by the caller).
+    ``model`` provides the structure and the initial parameters (already seeded by the caller);
+    an algorithm with ``prepare_model`` (ProgFed) wraps it first.
     """
+    if algorithm.prepare_model is not None:
+        model = algorithm.prepare_model(model, cfg.seed)
     state = checkpoint.load(checkpoint_path, config_hash) if (resume and checkpoint_path) else None
     resumed_from = state.round_ if state is not None else 0
     if state is None:
@@ -189,6 +193,7 @@ def _one_round(
     uplinks: list[Uplink] = []
     payloads: list[Payload] = []
     up_bits = down_bits = up_dense_bits = 0
+    numel = dense_numel(model)  # the full model, without ProgFed's temporary heads
     train_s: list[float] = []
     losses: list[tuple[float, int]] = []
     client_metrics: list[Mapping[str, float]] = []
@@ -206,7 +211,7 @@ def _one_round(
         payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen, round_)
         train_s.append(time.perf_counter() - t0)
         up_bits += ledger.record(round_, cid, "up", payload)
-        up_dense_bits += bits.dense(sum(p.numel() for p in model.parameters()))  # dense model
+        up_dense_bits += bits.dense(numel)  # the dense model
         decoded_up = payload.decode()
         uplinks.append(Uplink(cid, result.num_examples, decoded_up))
         payloads.append(payload)
@@ -259,6 +264,8 @@ def _one_round(
         "comm/cum_gib": bits.to_gib(cum_bits),
         "comm/cum_up_bytes": bits.to_bytes(cum_up_bits),
         "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,  # dense model / sent
+        # all bits so far / dense FedAvg's (model down and up per client) over as many rounds
+        "comm/cost_vs_dense": cum_bits / (2 * bits.dense(numel) * len(cohort) * round_),
         "train/loss": _weighted([lo for lo, _ in losses], [n for _, n in losses]),
         "time/client_s": float(np.mean(train_s)),
         "time/client_max_s": float(np.max(train_s)),

@@ -1,0 +1,194 @@
+"""ProgFed (specs/feddst-progfed.md §2): schedule, growth and warm-up, counting, reductions."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+import torch
+from tests.conftest import digits_federation, tiny_params
+
+from fedcomm.algorithms import CONFIGS, build_algorithm
+from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.progfed import Config, Phase, cosine_lr, schedule
+from fedcomm.comm.codecs import build_compressor
+from fedcomm.config import ConfigError, Params
+from fedcomm.models import build_model
+from fedcomm.models.progressive import ProgressiveNet
+from fedcomm.simulation import loop
+from fedcomm.simulation.data import FederatedTensors
+
+
+@pytest.fixture(scope="module")
+def fed() -> FederatedTensors:
+    return digits_federation(6)
+
+
+def _cnn(fed: FederatedTensors) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(
+        "mnist_cnn",
+        input_shape=fed.input_shape,
+        num_classes=fed.num_classes,
+        channels=[4, 8],
+        hidden=16,
+    )
+
+
+def _run(
+    fed: FederatedTensors, rounds: int, compressor: str = "none", **kw: object
+) -> loop.RunResult:
+    cfg = Config(**kw).with_rounds(rounds)  # type: ignore[arg-type]
+    alg = build_algorithm(cfg)
+    lcfg = loop.LoopConfig(
+        rounds=rounds + cfg.extra_rounds(),
+        clients_per_round=3,
+        local=LocalConfig(epochs=1, batch_size=16, lr=0.05),
+        seed=3,
+        checkpoint_every=100,
+    )
+    return loop.run(lcfg, alg, _cnn(fed), fed, build_compressor(compressor), config_hash="pf")
+
+
+def test_schedule_gives_early_stages_t_over_2s_and_extra_warmup_rounds() -> None:
+    phases = schedule(12, 3, 2)
+    assert len(phases) == 12 + 2 * 2
+    assert phases[:2] == [Phase(1, False, 1), Phase(1, False, 2)]
+    assert phases[2:4] == [Phase(2, True, 2)] * 2  # warm-up: schedule does not advance
+    assert phases[4:6] == [Phase(2, False, 3), Phase(2, False, 4)]
+    assert phases[6:8] == [Phase(3, True, 4)] * 2
+    assert [p.t for p in phases[8:]] == list(range(5, 13))  # full model: T(S+1)/(2S) = 8
+    assert all(p.stage == 3 and not p.warmup for p in phases[8:])
+    assert schedule(10, 1, 5) == [Phase(1, False, t) for t in range(1, 11)]
+
+
+def test_cosine_lr_is_the_codes_per_round_rule() -> None:
+    assert cosine_lr(0.1, 1, 11, 1e-6) == pytest.approx(0.1)
+    assert cosine_lr(0.1, 6, 11, 1e-6) == pytest.approx(0.05)
+    assert cosine_lr(0.1, 11, 11, 1e-6) == pytest.approx(1e-6)  # floored at the last round
+    assert cosine_lr(0.1, 3, 11, 0.0) == pytest.approx(0.1 * (1 + math.cos(math.pi * 0.2)) / 2)
+
+
+def test_resnet18_cost_ratio_with_s4_is_two_thirds_without_warmup() -> None:
+    """Spec §2(c)/(v): ResNet-18 (C = 100), S = 4, T = 3000: Σ_s T_s·P_s / (T·P_S) = 66.6%."""
+    torch.manual_seed(0)
+    base = build_model("resnet18", input_shape=(3, 32, 32), num_classes=100)
+    net = ProgressiveNet(base, 4, 100, torch.Generator().manual_seed(0))
+    sizes = [net.submodel_numel(s) for s in range(1, 5)]
+    assert sizes == [156_324, 688_292, 2_800_804, 11_220_132]
+    phases = schedule(3000, 4, 0)
+    cost = sum(sizes[p.stage - 1] for p in phases)
+    assert cost / (3000 * sizes[-1]) == pytest.approx(0.666, abs=5e-4)
+
+
+def test_ledger_counts_the_active_submodel_both_ways_and_warmup_uploads_new_block(
+    fed: FederatedTensors,
+) -> None:
+    res = _run(fed, rounds=6, stages=3, warmup_rounds=1)  # T_s = 1: 1, W, 1, W, 4 rounds
+    net = ProgressiveNet(_cnn(fed), 3, fed.num_classes, torch.Generator().manual_seed(0))
+    numel = {n: p.numel() for n, p in net.named_parameters()}
+    phases = schedule(6, 3, 1)
+    ledger = res.ledger.frame()
+    for r, ph in enumerate(phases, 1):
+        rows = ledger.filter(pl.col("round") == r)
+        down = rows.filter(pl.col("direction") == "down")["payload_bits"].to_list()
+        up = rows.filter(pl.col("direction") == "up")["payload_bits"].to_list()
+        sub = net.submodel_numel(ph.stage)
+        new = sum(numel[k] for k in [*net.block_params(ph.stage), *net.head_params(ph.stage)])
+        assert down == [32 * sub] * 3, r
+        assert up == [32 * (new if ph.warmup else sub)] * 3, r
+    stages = [row["progfed/stage"] for row in res.state.round_rows]
+    assert stages == [p.stage for p in phases]
+    assert [row["progfed/warmup"] for row in res.state.round_rows] == [
+        float(p.warmup) for p in phases
+    ]
+
+
+def test_growth_copies_trained_blocks_and_warmup_freezes_them(fed: FederatedTensors) -> None:
+    rounds = 6
+    cfg = Config(stages=3, warmup_rounds=1).with_rounds(rounds)
+    alg = build_algorithm(cfg)
+    net = alg.prepare_model(_cnn(fed), 3) if alg.prepare_model else None
+    assert isinstance(net, ProgressiveNet)
+    init = {k: v.detach().clone() for k, v in net.named_parameters()}
+    lcfg = loop.LoopConfig(
+        rounds=1, clients_per_round=3, local=LocalConfig(lr=0.05), seed=3, checkpoint_every=100
+    )
+    after1 = loop.run(lcfg, alg, _cnn(fed), fed, build_compressor("none"), config_hash="g")
+    lcfg2 = loop.LoopConfig(
+        rounds=2, clients_per_round=3, local=LocalConfig(lr=0.05), seed=3, checkpoint_every=100
+    )
+    after2 = loop.run(lcfg2, alg, _cnn(fed), fed, build_compressor("none"), config_hash="g")
+    s1, s2 = after1.state.server.params, after2.state.server.params
+    e1 = net.block_params(1)
+    e2 = [*net.block_params(2), *net.head_params(2)]
+    # stage 1 trained E1 and its head; E2 and G2 are still at construction time
+    assert not all(torch.equal(s1[k], init[k]) for k in e1)
+    assert all(torch.equal(s1[k], init[k]) for k in e2)
+    # the warm-up round (round 2) keeps the trained E1 (copied, frozen) and trains E2 + G2
+    assert all(torch.equal(s2[k], s1[k]) for k in e1)
+    assert all(not torch.equal(s2[k], init[k]) for k in e2 if k.endswith("weight"))
+    # the model evaluated after the warm-up is M^2: E1, E2 and G2, without G1
+    g = alg.global_params(after2.state.server)
+    assert sorted(g) == sorted(net.submodel_params(2))
+    assert not any(k.startswith("heads.0.") for k in g)
+    # at the end of training the global model is the base model, temporary heads discarded
+    final = _run(fed, rounds=6, stages=3, warmup_rounds=1).final_params
+    assert sorted(final) == sorted(n for n, _ in _cnn(fed).named_parameters())
+
+
+def test_one_stage_with_fedavg_settings_is_fedavg(fed: FederatedTensors) -> None:
+    """``stages: 1`` with a constant lr, example weighting and no guard is plain FedAvg."""
+    a = _run(fed, 3, stages=1, lr_schedule="constant", weighting="num_examples", skip_loss=None)
+    fedavg = build_algorithm(CONFIGS["fedavg"]())
+    lcfg = loop.LoopConfig(
+        rounds=3,
+        clients_per_round=3,
+        local=LocalConfig(epochs=1, batch_size=16, lr=0.05),
+        seed=3,
+        checkpoint_every=100,
+    )
+    b = loop.run(lcfg, fedavg, _cnn(fed), fed, build_compressor("none"), config_hash="pf")
+    for k in b.final_params:
+        assert torch.allclose(a.final_params[k], b.final_params[k], atol=1e-6), k
+    accs_a = [r["global/accuracy"] for r in a.state.round_rows]
+    accs_b = [r["global/accuracy"] for r in b.state.round_rows]
+    assert accs_a == pytest.approx(accs_b)
+
+
+def test_proximal_term_and_persistent_momentum_change_training(fed: FederatedTensors) -> None:
+    plain = _run(fed, 4, stages=2)
+    prox = _run(fed, 4, stages=2, mu=0.1)
+    assert not torch.equal(plain.final_params["fc1.weight"], prox.final_params["fc1.weight"])
+    # persistent client momentum: each client keeps buffers for its current phase
+    torch.manual_seed(0)
+    res = _run(fed, 4, stages=2, client_momentum="persistent")
+    states = [rec.state for rec in res.state.clients.values()]
+    assert states and all(s is not None and s.bufs == {} for s in states)  # momentum 0: none
+
+
+def test_lq_uplink_composes_with_progfed(fed: FederatedTensors) -> None:
+    res = _run(fed, 4, compressor="lq", stages=2)
+    up = res.ledger.frame().filter(pl.col("direction") == "up")
+    down = res.ledger.frame().filter(pl.col("direction") == "down")
+    # 8 bits per value up (plus per-tensor metadata), 32 down
+    ratio = up["payload_bits"].sum() / down["payload_bits"].sum()
+    assert ratio == pytest.approx(0.25)
+    assert all(math.isfinite(r["global/accuracy"]) for r in res.state.round_rows)
+
+
+def test_bad_params_are_refused_by_name() -> None:
+    raw = tiny_params(**{"train.rounds": 5, "experiment.runs": ["pf"]})
+    raw["algorithms"] = {"pf": {"name": "progfed", "stages": 3}}
+    params = Params.model_validate(raw)
+    with pytest.raises(ConfigError, match=r"algorithms\.pf: .*rounds=5, stages=3"):
+        params.algorithm("pf")
+    alg = build_algorithm(Config(stages=3).with_rounds(10))
+    lstm = build_model("lstm", input_shape=(5,), num_classes=7, embed_dim=4, hidden=4)
+    assert alg.validate_model is not None
+    with pytest.raises(ValueError, match="no stage split"):
+        alg.validate_model(lstm)
+    mlp = build_model("mlp", input_shape=(4,), num_classes=3, hidden=[5])
+    with pytest.raises(ValueError, match="stages=3"):
+        alg.validate_model(mlp)  # one hidden layer: at most 2 stages
