@@ -214,6 +214,9 @@ def test_progfed_with_lq_and_sp_uplinks_runs_from_params(project: Path) -> None:
     assert cost["progfed"] > 1.0  # at T = 4 the warm-up round costs more than stage 1 saves
     assert cost["e2e_lq2"] < cost["progfed_lq8"] < 0.65  # 2 (8) bits up, 32 down
     assert cost["progfed_lq8sp10"] < cost["progfed_sp10"] < cost["progfed_lq8"]
+    up = {run: m["comm"]["up_cost_vs_dense_e2e"] for run, m in metrics.items()}
+    assert up["e2e"] == pytest.approx(1.0)
+    assert up["e2e_lq2"] == pytest.approx(2 / 32, abs=0.02)  # b/32 plus per-tensor metadata
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tests")
     assert exp is not None

@@ -34,7 +34,13 @@ replicated). An uplink compressor (``lq``, ``sp``) applies to that update. ``sta
 end-to-end baseline with the same schedule, learning rate and aggregation.
 
 Departures, documented: stage 1 lasts ``T_s`` rounds (the code's loop starts stage 2 one round
-early); the code's CIFAR-10 ConvNet has a 16-way classifier (the paper's 10-way one is used).
+early); the code's CIFAR-10 ConvNet has a 16-way classifier (the paper's 10-way one is used);
+the skip guard tests the data loss (the code tests the loss with the proximal term, which only
+differs for a large ``mu``); the code's ``optim_init`` takes one zero-gradient server step each
+time it builds the server optimizer (for FedAdam this shifts Adam's bias correction, making
+the first real step about 0.74x as large), which is not replicated. ``local/accuracy`` averages
+each client's last upload, so for ProgFed it mixes sub-models of earlier stages: compare runs
+on global accuracy.
 """
 
 from __future__ import annotations
@@ -101,15 +107,20 @@ class Config(AlgorithmConfig):
     )
 
     def with_rounds(self, rounds: int) -> Config:
-        """This config with ``rounds = train.rounds`` if null; refuses a T too short for S."""
-        cfg = self if self.rounds is not None else self.model_copy(update={"rounds": rounds})
-        assert cfg.rounds is not None
-        if cfg.stages > 1 and cfg.rounds < 2 * cfg.stages:
+        """This config with ``rounds = train.rounds`` if null; refuses a T too short for S, or a
+        ``rounds`` that disagrees with ``train.rounds`` (the loop runs ``train.rounds`` plus the
+        warm-up rounds, so the schedule must cover exactly that)."""
+        if self.rounds is not None and self.rounds != rounds:
+            raise ValueError(
+                f"progfed: rounds={self.rounds} must equal train.rounds={rounds} (or be null); "
+                "set the schedule's T through train.rounds"
+            )
+        if self.stages > 1 and rounds < 2 * self.stages:
             raise ValueError(
                 f"progfed needs train.rounds >= 2*stages so each early stage gets "
-                f"T/(2S) >= 1 round (got rounds={cfg.rounds}, stages={cfg.stages})"
+                f"T/(2S) >= 1 round (got rounds={rounds}, stages={self.stages})"
             )
-        return cfg
+        return self.model_copy(update={"rounds": rounds})
 
     def extra_rounds(self) -> int:
         return (self.stages - 1) * self.warmup_rounds
@@ -184,7 +195,9 @@ def _num_classes(model: nn.Module) -> int:
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
     opt = cfg.server.build()
-    rounds = cfg.rounds if cfg.rounds is not None else 2 * cfg.stages  # resolved by with_rounds
+    # T, resolved from train.rounds by with_rounds (Params.algorithm); a config built without
+    # params (contract tests, direct library use) schedules T = 2S unless it sets rounds
+    rounds = cfg.rounds if cfg.rounds is not None else 2 * cfg.stages
     phases = schedule(rounds, cfg.stages, cfg.warmup_rounds)
     prox = proximal_hook(2 * cfg.mu)  # the code's μ‖θ−θ_s‖² has gradient 2μ(θ−θ_s)
 

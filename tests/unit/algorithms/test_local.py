@@ -349,3 +349,44 @@ def test_aux_tensors_train_with_their_own_adamax() -> None:
     for idx in batch_schedule(data.num_examples, cfg, _gen()):
         live, bufs, _ = step(live, bufs, {}, data.x[idx], data.y[idx])
     torch.testing.assert_close(live["gate"], v.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_skip_loss_leaves_params_and_momentum_unchanged(functional: bool) -> None:
+    """ProgFed's guard: a step whose minibatch loss is >= skip_loss is not taken (both forms)."""
+    model = _model()
+    cfg = LocalConfig(epochs=1, batch_size=8, lr=0.1, momentum=0.9)
+    params = _params(model)
+    data = _data()
+    step = make_step(model, cfg, functional=functional, skip_loss=1e-9)  # every loss exceeds it
+    live = {k: v.clone() for k, v in params.items()}
+    bufs = {k: torch.full_like(v, 0.5) for k, v in live.items()}
+    live, bufs, loss = step(live, bufs, {}, data.x[:8], data.y[:8])
+    assert float(loss) > 0
+    assert all(torch.equal(live[k], params[k]) for k in params)
+    assert all(torch.equal(b, torch.full_like(b, 0.5)) for b in bufs.values())
+    never = make_step(model, cfg, functional=functional, skip_loss=1e9)  # never fires
+    moved, _, _ = never({k: v.clone() for k, v in params.items()}, bufs, {}, data.x, data.y)
+    assert not torch.equal(moved["0.weight"], params["0.weight"])
+
+
+def test_local_sgd_continues_from_given_momentum_and_returns_it() -> None:
+    model = _model()
+    cfg = LocalConfig(epochs=1, batch_size=8, lr=0.1, momentum=0.9)
+    params = _params(model)
+    fresh = local_sgd(model, params, _data(), cfg, _gen())
+    assert set(fresh.bufs) == set(params) and any(b.abs().sum() > 0 for b in fresh.bufs.values())
+    # two local rounds in a row with the momentum carried == one run over both epochs
+    second = local_sgd(model, fresh.params, _data(), cfg, _clone_after(cfg), bufs=fresh.bufs)
+    both = local_sgd(model, params, _data(), cfg.model_copy(update={"epochs": 2}), _gen())
+    for k in params:
+        torch.testing.assert_close(second.params[k], both.params[k], rtol=1e-5, atol=1e-6)
+    reset = local_sgd(model, fresh.params, _data(), cfg, _clone_after(cfg))
+    assert not torch.allclose(reset.params["0.weight"], second.params["0.weight"])
+
+
+def _clone_after(cfg: LocalConfig) -> torch.Generator:
+    """The generator as it is after one epoch's batch schedule of :func:`_gen`."""
+    g = _gen()
+    batch_schedule(N, cfg, g)
+    return g

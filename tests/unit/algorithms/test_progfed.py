@@ -157,15 +157,72 @@ def test_one_stage_with_fedavg_settings_is_fedavg(fed: FederatedTensors) -> None
     assert accs_a == pytest.approx(accs_b)
 
 
-def test_proximal_term_and_persistent_momentum_change_training(fed: FederatedTensors) -> None:
-    plain = _run(fed, 4, stages=2)
-    prox = _run(fed, 4, stages=2, mu=0.1)
-    assert not torch.equal(plain.final_params["fc1.weight"], prox.final_params["fc1.weight"])
-    # persistent client momentum: each client keeps buffers for its current phase
-    torch.manual_seed(0)
-    res = _run(fed, 4, stages=2, client_momentum="persistent")
-    states = [rec.state for rec in res.state.clients.values()]
-    assert states and all(s is not None and s.bufs == {} for s in states)  # momentum 0: none
+def test_proximal_gradient_is_two_mu_times_the_drift(fed: FederatedTensors) -> None:
+    """The code's μ‖θ − θ_s‖² (no ½): with a tiny lr the client's update is −lr·(g + 2μ(θ−θ_s))
+    summed over steps; one step from θ_s has no drift, so compare against an explicit hook."""
+    from fedcomm.algorithms import _local
+    from fedcomm.algorithms.base import ClientContext
+
+    alg = build_algorithm(Config(stages=1, mu=0.5, skip_loss=None).with_rounds(4))
+    net = alg.prepare_model(_cnn(fed), 0) if alg.prepare_model else None
+    assert isinstance(net, ProgressiveNet)
+    params = {k: v.detach().clone() for k, v in net.named_parameters()}
+    local = LocalConfig(epochs=1, batch_size=16, lr=0.05)
+    ctx = ClientContext(1, 0, net, local, torch.Generator().manual_seed(5), seed=3)
+    got = alg.client_update(params, None, fed.train[0], ctx).local_params
+    hook = {k: v for k, v in params.items()}
+
+    def two_mu(p, grads):  # type: ignore[no-untyped-def]
+        return {k: g + 2 * 0.5 * (p[k].detach() - hook[k]) for k, g in grads.items()}
+
+    want = _local.local_sgd(
+        net, params, fed.train[0], local, torch.Generator().manual_seed(5), grad_hook=two_mu
+    ).params
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+
+
+def test_persistent_client_momentum_is_kept_per_phase(fed: FederatedTensors) -> None:
+    def run(mode: str) -> loop.RunResult:
+        cfg = Config(stages=2, warmup_rounds=1, client_momentum=mode).with_rounds(8)  # type: ignore[arg-type]
+        lcfg = loop.LoopConfig(
+            rounds=8 + cfg.extra_rounds(),
+            clients_per_round=5,
+            local=LocalConfig(epochs=1, batch_size=16, lr=0.05, momentum=0.9),
+            seed=3,
+            checkpoint_every=100,
+        )
+        comp = build_compressor("none")
+        return loop.run(lcfg, build_algorithm(cfg), _cnn(fed), fed, comp, config_hash="m")
+
+    reset, kept = run("reset"), run("persistent")
+    assert all(rec.state is None for rec in reset.state.clients.values())
+    states = [rec.state for rec in kept.state.clients.values()]
+    assert states and all(s is not None and s.bufs for s in states)
+    assert {s.key for s in states} <= {(1, False), (2, True), (2, False)}
+    assert not torch.equal(reset.final_params["fc1.weight"], kept.final_params["fc1.weight"])
+
+
+def test_client_lr_follows_the_cosine_schedule_and_warmup_uses_the_base_lr(
+    fed: FederatedTensors,
+) -> None:
+    res = _run(fed, 8, stages=2, warmup_rounds=1)
+    phases = schedule(8, 2, 1)
+    got = [row["progfed/client_lr"] for row in res.state.round_rows]
+    want = [0.05 if p.warmup else cosine_lr(0.05, p.t, 8, 1e-6) for p in phases]
+    assert got == pytest.approx(want)
+    assert phases[2].warmup and got[2] == pytest.approx(0.05)  # warm-up: the base lr
+    assert got[3] < got[1] < 0.05  # then the schedule resumes where it was (no restart)
+
+
+def test_fedadam_server_runs_across_stage_changes(fed: FederatedTensors) -> None:
+    res = _run(fed, 8, stages=3, warmup_rounds=1, server={"optimizer": "adam", "lr": 0.01})
+    assert [r["progfed/stage"] for r in res.state.round_rows] == [
+        float(p.stage) for p in schedule(8, 3, 1)
+    ]
+    assert all(math.isfinite(r["global/accuracy"]) for r in res.state.round_rows)
+    sgd = _run(fed, 8, stages=3, warmup_rounds=1)
+    assert not torch.equal(res.final_params["fc2.weight"], sgd.final_params["fc2.weight"])
 
 
 def test_lq_uplink_composes_with_progfed(fed: FederatedTensors) -> None:
@@ -184,6 +241,9 @@ def test_bad_params_are_refused_by_name() -> None:
     params = Params.model_validate(raw)
     with pytest.raises(ConfigError, match=r"algorithms\.pf: .*rounds=5, stages=3"):
         params.algorithm("pf")
+    raw["algorithms"] = {"pf": {"name": "progfed", "stages": 2, "rounds": 4}}
+    with pytest.raises(ConfigError, match=r"rounds=4 must equal train.rounds=5"):
+        Params.model_validate(raw).algorithm("pf")
     alg = build_algorithm(Config(stages=3).with_rounds(10))
     lstm = build_model("lstm", input_shape=(5,), num_classes=7, embed_dim=4, hidden=4)
     assert alg.validate_model is not None
@@ -192,3 +252,36 @@ def test_bad_params_are_refused_by_name() -> None:
     mlp = build_model("mlp", input_shape=(4,), num_classes=3, hidden=[5])
     with pytest.raises(ValueError, match="stages=3"):
         alg.validate_model(mlp)  # one hidden layer: at most 2 stages
+
+
+def test_resume_in_the_middle_of_a_warmup_equals_an_uninterrupted_run(
+    fed: FederatedTensors, tmp_path: pytest.TempPathFactory
+) -> None:
+    from pathlib import Path
+
+    cfg = Config(stages=3, warmup_rounds=2, client_momentum="persistent").with_rounds(6)
+    total = 6 + cfg.extra_rounds()  # phases: 1, W, W, 2, W, W, 3 x 4
+
+    def lcfg(rounds: int) -> loop.LoopConfig:
+        local = LocalConfig(epochs=1, batch_size=16, lr=0.05, momentum=0.9)
+        return loop.LoopConfig(rounds, 3, local, seed=3, checkpoint_every=1)
+
+    ckpt = Path(str(tmp_path)) / "state.pt"
+    comp = build_compressor("lq", bits=4)
+    loop.run(
+        lcfg(3), build_algorithm(cfg), _cnn(fed), fed, comp, config_hash="r", checkpoint_path=ckpt
+    )  # checkpoints after rounds 1 and 2 (mid warm-up)
+    resumed = loop.run(
+        lcfg(total),
+        build_algorithm(cfg),
+        _cnn(fed),
+        fed,
+        comp,
+        config_hash="r",
+        checkpoint_path=ckpt,
+    )
+    assert resumed.resumed_from == 2
+    whole = loop.run(lcfg(total), build_algorithm(cfg), _cnn(fed), fed, comp, config_hash="r")
+    for k in whole.final_params:
+        assert torch.equal(resumed.final_params[k], whole.final_params[k]), k
+    assert resumed.ledger.rows == whole.ledger.rows

@@ -11,7 +11,10 @@ def _run(caps: dict[str, float | None], kb: float, ratio: float | None) -> dict[
     return {
         "at_upload_cap": caps,
         "upload": {"kb_per_client_round": kb, "up_ratio_mean": ratio},
-        "comm": {"cost_vs_dense_e2e": 0.6 / ratio if ratio else None},
+        "comm": {
+            "cost_vs_dense_e2e": 0.6 / ratio if ratio else None,
+            "up_cost_vs_dense_e2e": 0.2 / ratio if ratio else None,
+        },
         "time": {"client_s_mean": 0.5},
     }
 
@@ -58,8 +61,8 @@ def test_upload_section_ratio_vs_dense_is_the_mean_over_seeds() -> None:
     assert "Upload ratio vs dense (mean over rounds)" in rows[2]
     assert "All traffic vs dense end-to-end" in rows[2]
     # cost vs dense end-to-end: fedavg 0.6 both seeds; feddst mean of 0.12 and 0.15
-    assert rows[4] == "| `fedavg` | 3130 | 1.00x | 1.00x | 60.00% | 0.5 |"
-    assert rows[5] == "| `feddst` | 626 | 5.00x | 4.50x | 13.50% | 0.5 |"
+    assert rows[4] == "| `fedavg` | 3130 | 1.00x | 1.00x | 60.00% | 20.00% | 0.5 |"
+    assert rows[5] == "| `feddst` | 626 | 5.00x | 4.50x | 13.50% | 4.50% | 0.5 |"
 
 
 def test_sections_name_the_metric_they_rank() -> None:

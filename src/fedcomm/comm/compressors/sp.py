@@ -15,7 +15,10 @@ regenerates ``m`` and no index is sent. Per update entry ``x`` (flat)::
 
 ``v̂ = v`` in fp32, or with ``bits = b`` the LQ-b of ``v`` as one flat vector (the LQ code of
 :mod:`fedcomm.comm.compressors.lq` with its ``rotation``; LQ8+SP10 is ``{name: sp, keep: 0.1,
-bits: 8}``). ``rotation`` is unused without ``bits``.
+bits: 8}``). ``rotation`` is unused without ``bits``. The official code rotates the full tensor
+along dim 0 before the server masks it; here the rotation acts on the flat vector of kept
+values (``n1 = nnz``), still unbiased, but the truncated Hadamard on long vectors has ~5-8x the
+MSE of ``rotation: padded`` or ``none`` (1.07e-3 vs 1.9e-4 relative MSE at n = 117,965).
 
 Bits per entry: ``nnz·32 + 32`` (the seed) in fp32; with ``bits = b``: ``nnz'·b + 2·32 + 32``
 (+32 for the rotation seed when rotated; ``nnz'`` = ``nnz``, or ``2^⌈log2 nnz⌉`` when padded),
