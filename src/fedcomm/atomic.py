@@ -7,6 +7,7 @@ process therefore never leaves a half-written output, only (at worst) a hidden `
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -45,3 +46,16 @@ def write_json(path: Path, data: Any) -> None:
 def write_parquet(path: Path, frame: pl.DataFrame) -> None:
     with atomic_path(path) as tmp:
         frame.write_parquet(tmp)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created if needed) for the block: serialises
+    processes of one machine (e.g. sweep workers) around a shared first write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -111,5 +111,102 @@ def summarize(params: ParamsOpt = Path("params.yaml")) -> None:
             typer.echo(f"wrote {path}")
 
 
+@app.command()
+def report(
+    experiment: Annotated[
+        list[str] | None, typer.Option("--experiment", "-e", help="MLflow experiment (repeat)")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="tag filter KEY=VALUE (repeat)")] = None,
+    dvc_exp: Annotated[
+        str | None, typer.Option(help="runs of one DVC experiment (tag dvc.exp_name)")
+    ] = None,
+    group_by: Annotated[str, typer.Option(help="tag whose value names a group")] = "run",
+    target: Annotated[
+        list[float] | None, typer.Option(help="accuracy target in (0, 1] for time-to-accuracy")
+    ] = None,
+    budget_gib: Annotated[
+        list[float] | None, typer.Option(help="GiB budget: best accuracy within it (repeat)")
+    ] = None,
+    metric: Annotated[str, typer.Option(help="global/accuracy or topk/accuracy")] = (
+        "global/accuracy"
+    ),
+    uri: Annotated[str | None, typer.Option(help="tracking URI (default: the project's)")] = None,
+    title: Annotated[str, typer.Option()] = "fedcomm comparison",
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("reports/compare"),
+) -> None:
+    """Compare MLflow runs per algorithm: mean ± SE over seeds, accuracy-vs-GiB overlays."""
+    from fedcomm.reporting.compare import compare_runs
+
+    with user_errors():
+        tags: dict[str, str] = {}
+        for item in tag or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--tag {item!r}: expected KEY=VALUE")
+            tags[key] = value
+        written = compare_runs(
+            uri,
+            out,
+            experiments=experiment or [],
+            tags=tags,
+            dvc_exp=dvc_exp,
+            group_by=group_by,
+            targets=target or [],
+            budgets_gib=budget_gib or [],
+            metric=metric,
+            title=title,
+        )
+    for path in written:
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
+def sweep(
+    space: Annotated[Path, typer.Argument(help="search-space YAML (pipeline/search_spaces/)")],
+    trials: Annotated[
+        int | None, typer.Option(help="finished trials to reach (default: the space's `trials`)")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="output folder (default reports/sweep/<study>)")
+    ] = None,
+) -> None:
+    """Run (or continue, or join as one more worker) an Optuna study over a search space."""
+    from fedcomm.sweep.study import SweepFailed, run_sweep
+
+    with user_errors():
+        try:
+            result = run_sweep(space, trials=trials, reports=out)
+        except SweepFailed as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(1) from None
+    typer.echo(f"study {result.study}: {result.finished} finished, {result.failed} failed trial(s)")
+    for path in result.outputs:
+        typer.echo(f"wrote {path}")
+
+
+@app.command("sweep-args")
+def sweep_args(
+    best: Annotated[Path, typer.Argument(help="a sweep's best_params.yaml")],
+) -> None:
+    """Print the `-S key=value` arguments that apply a sweep's best params:
+    `dvc exp run $(fedcomm sweep-args reports/sweep/<study>/best_params.yaml)`."""
+    import shlex
+
+    import yaml
+
+    from fedcomm.sweep.outputs import set_args
+
+    with user_errors():
+        if not best.is_file():
+            raise ConfigError(f"{best}: no such file (run `fedcomm sweep` first)")
+        doc = yaml.safe_load(best.read_text()) or {}
+        if not isinstance(doc.get("params"), dict):
+            raise ConfigError(f"{best}: no `params` mapping (not a sweep's best_params.yaml?)")
+    args = set_args(doc["params"])
+    if any(a != shlex.quote(a) for a in args):  # $(...) output is split on blanks, not quotes
+        typer.echo(f"warning: values need quoting; copy the line in {best}", err=True)
+    typer.echo(" ".join(f"-S {a}" for a in args))
+
+
 if __name__ == "__main__":
     app()

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,15 @@ class Paths:
 
 def run_name(run: str, seed: int) -> str:
     return f"{run}-s{seed}"
+
+
+RoundCallback = Callable[[int, Mapping[str, float | None]], None]
+
+
+class StopRun(Exception):
+    """Raised by a round callback to end a run early (e.g. a sweep pruning a trial): the run's
+    MLflow run is marked KILLED with the reason as tag ``fedcomm.stopped``; no outputs are
+    written and the checkpoint is kept."""
 
 
 # --- partition ---------------------------------------------------------------------------------
@@ -168,11 +177,20 @@ def train_stage(
     *,
     resume: bool = True,
     show_progress: bool | None = None,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    on_round: RoundCallback | None = None,
+    on_open: Callable[[str], None] | None = None,
+    mlflow_run_name: str | None = None,
 ) -> Path:
     """Train one (algorithm run, seed); writes ``runs/<run>-s<seed>/train/``. Resumes if possible.
 
     Everything that can fail on bad input (the partition, the model on the data, the algorithm)
     is built and checked *before* an MLflow run is opened, so a bad configuration leaves no run.
+    ``parent_run_id`` nests the MLflow run (a sweep trial), ``tags`` are added to it, and
+    ``on_round(round, metrics)`` is called after every round (it may raise :class:`StopRun`);
+    ``on_open(mlflow_run_id)`` once the MLflow run exists (before round 1);
+    ``mlflow_run_name`` replaces ``<run>-s<seed>`` as the MLflow run's name.
     """
     if seed < 0:
         raise ConfigError(f"seed: must be >= 0 (got {seed})")
@@ -194,11 +212,27 @@ def train_stage(
     ckpt = paths.checkpoints / name / "state.pt"
     previous = ckpt_mod.load(ckpt, chash) if resume else None
     tracker = _open_tracker(
-        params, run, seed, name, config, phash, previous.run_id if previous else None
+        params,
+        run,
+        seed,
+        mlflow_run_name or name,
+        config,
+        phash,
+        previous.run_id if previous else None,
+        parent_run_id=parent_run_id,
+        extra_tags=tags or {},
     )
+    if on_open is not None and tracker.run_id is not None:
+        on_open(tracker.run_id)
     try:
         lcfg = loop_config(params, seed, run)
-        with round_progress(name, lcfg.rounds, enabled=show_progress) as progress:
+        with round_progress(name, lcfg.rounds, enabled=show_progress) as bar:
+
+            def progress(round_: int, metrics: Mapping[str, float | None]) -> None:
+                bar(round_, metrics)
+                if on_round is not None:
+                    on_round(round_, metrics)
+
             result = loop.run(
                 lcfg,
                 algorithm,
@@ -214,6 +248,10 @@ def train_stage(
         out = _write_run_outputs(paths.train_dir(run, seed), result, config, tracker.run_id)
         for f in ("rounds.parquet", "ledger.parquet", "clients.parquet", "model.safetensors"):
             tracker.log_artifact(out / f)
+    except StopRun as stop:
+        tracker.set_tags({"fedcomm.stopped": str(stop)})
+        tracker.finish("KILLED")
+        raise
     except BaseException:
         tracker.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
         raise
@@ -301,11 +339,15 @@ def _open_tracker(
     config: dict[str, Any],
     phash: str,
     run_id: str | None,
+    *,
+    parent_run_id: str | None = None,
+    extra_tags: Mapping[str, str] = {},
 ) -> tracking.MlflowTracker | tracking.NullTracker:
     if not params.tracking.enabled:
         return tracking.NullTracker()
     algo = params.algorithm(run)
     tags = {
+        "fedcomm.kind": "train",
         "git_sha": _git_sha(),
         "git_dirty": _git_dirty(),
         "server_optimizer": algo.server.optimizer,
@@ -316,6 +358,7 @@ def _open_tracker(
         "run": run,
         "seed": str(seed),
         "fedcomm_version": __version__,
+        **extra_tags,
     }
     return tracking.open_run(
         uri=params.tracking.uri,
@@ -324,6 +367,7 @@ def _open_tracker(
         tags=tags,
         params=config,
         run_id=run_id,
+        parent_run_id=parent_run_id,
     )
 
 

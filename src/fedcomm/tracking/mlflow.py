@@ -1,9 +1,15 @@
-"""MLflow tracking: the only module of fedcomm that imports MLflow.
+"""MLflow tracking (``fedcomm.tracking`` is the only package of fedcomm that imports MLflow).
 
 One MLflow run per (algorithm run, seed). The store defaults to SQLite at an *absolute* path
 under the project root (``sqlite:////<root>/mlflow.db``) and artifacts to ``<root>/mlartifacts``,
 so experiments queued with ``dvc exp run --queue`` (which execute in a temporary copy of the
 repository inside its ``.dvc`` folder) log into the same store as the workspace.
+
+Concurrency: a SQLite URI gets a connection busy timeout (``?timeout=60``, seconds; MLflow adds
+its own per-session ``busy_timeout`` only after connecting), and :func:`init_store` creates or
+migrates the schema under a file lock, so parallel workers (an Optuna sweep's) never race on the
+migration of a fresh database. Against a tracking *server* (``http://...``, e.g. on PostgreSQL)
+experiments take the server's artifact location instead of a local path.
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,25 +26,66 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from fedcomm.atomic import file_lock
 from fedcomm.paths import project_root
 
 MAX_PARAM_LEN = 6000
+SQLITE_TIMEOUT_S = 60
+PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested in the MLflow UI
 
 
 def resolve_tracking_uri(uri: str | None, root: Path | None = None) -> str:
     """``uri`` if set (a relative sqlite path is made absolute against the project root), else
-    ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``."""
+    ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``. A SQLite URI without a
+    ``timeout`` gets ``?timeout=60`` (seconds a connection waits on a locked database)."""
     base = project_root() if root is None else root
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        return f"sqlite:///{(base / 'mlflow.db').as_posix()}"
+        uri = f"sqlite:///{(base / 'mlflow.db').as_posix()}"
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
-        return f"{prefix}{(base / uri[len(prefix) :]).as_posix()}"
+        uri = f"{prefix}{(base / uri[len(prefix) :]).as_posix()}"
+    if uri.startswith("sqlite:") and "timeout=" not in uri:
+        uri += ("&" if "?" in uri else "?") + f"timeout={SQLITE_TIMEOUT_S}"
     return uri
 
 
+def is_server(uri: str) -> bool:
+    """A tracking server (it decides where artifacts go), not a local database."""
+    return uri.startswith(("http://", "https://"))
+
+
+def sqlite_path(uri: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix) :].split("?", 1)[0]) if uri.startswith(prefix) else None
+
+
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock beside a SQLite store (a no-op for other stores)."""
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    with file_lock(db.with_name(db.name + ".lock")):
+        yield
+
+
+def init_store(uri: str | None, experiment: str | None = None) -> str:
+    """Create (or migrate) the tracking store and ``experiment`` once, under a lock: what
+    parallel workers call before logging. Returns the resolved URI."""
+    resolved = resolve_tracking_uri(uri)
+    with _store_lock(resolved):
+        client = MlflowClient(tracking_uri=resolved)
+        if experiment is not None:
+            _experiment_id(client, experiment, project_root())
+        else:
+            client.search_experiments(max_results=1)
+    return resolved
+
+
 def artifact_location(root: Path | None = None) -> str:
+    """Local artifact root for experiments created in a local store."""
     base = project_root() if root is None else root
     return (base / "mlartifacts").as_uri()
 
@@ -92,8 +140,9 @@ def _experiment_id(client: MlflowClient, name: str, root: Path) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return str(exp.experiment_id)
+    location = None if is_server(client.tracking_uri) else artifact_location(root)
     try:
-        return str(client.create_experiment(name, artifact_location=artifact_location(root)))
+        return str(client.create_experiment(name, artifact_location=location))
     except Exception:  # created concurrently by another process
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -121,17 +170,23 @@ def open_run(
     tags: Mapping[str, str],
     params: Mapping[str, Any],
     run_id: str | None = None,
+    parent_run_id: str | None = None,
 ) -> MlflowTracker:
-    """Start a run, or reopen ``run_id`` (a resume) and find the last round it logged."""
+    """Start a run, or reopen ``run_id`` (a resume) and find the last round it logged. With
+    ``parent_run_id`` the new run is nested under it (a sweep trial under its study)."""
     root = project_root()
     client = MlflowClient(tracking_uri=resolve_tracking_uri(uri, root))
     if run_id is not None:
         client.update_run(run_id, status="RUNNING")
         history = client.get_metric_history(run_id, "comm/cum_gib")
         last = max((m.step for m in history), default=0)
-        return MlflowTracker(client, run_id, last_logged_round=last)
+        tracker = MlflowTracker(client, run_id, last_logged_round=last)
+        # e.g. the retried sweep trial's number, and its (new) trial run as the parent
+        tracker.set_tags({**tags, PARENT_TAG: parent_run_id} if parent_run_id else tags)
+        return tracker
     exp_id = _experiment_id(client, experiment, root)
-    run = client.create_run(exp_id, run_name=run_name, tags=dict(tags))
+    all_tags = {**tags, PARENT_TAG: parent_run_id} if parent_run_id else dict(tags)
+    run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
     tracker = MlflowTracker(client, run.info.run_id)
     flat = flatten(params)
     items = [Param(k, v) for k, v in sorted(flat.items())]
