@@ -219,3 +219,23 @@ def test_dotted_tags_and_quotes_make_valid_filters(store: Path) -> None:
     assert {r.run_id for r in workspace} <= {r.run_id for r in find_runs(None)}  # all experiments
     with pytest.raises(ConfigError, match="both"):
         run_filter({"k": "'\""})
+
+
+def test_report_command_line(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from fedcomm.cli import app
+
+    monkeypatch.chdir(store)
+    monkeypatch.setenv("FEDCOMM_PROJECT_ROOT", str(store))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cli = CliRunner()
+    args = ["report", "-e", "tests", "--tag", "run=fedprox", "--target", "0.01", "--out", "cli"]
+    res = cli.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert (store / "cli" / "summary.md").is_file() and "runs.parquet" in res.output
+    assert pl.read_parquet(store / "cli" / "runs.parquet")["group"].to_list() == ["fedprox"] * 2
+    bad = cli.invoke(app, ["report", "--tag", "run", "--out", "cli2"])
+    assert bad.exit_code == 2 and "--tag 'run': expected KEY=VALUE" in bad.output
+    missing = cli.invoke(app, ["report", "-e", "nope", "--out", "cli3"])
+    assert missing.exit_code == 2 and "nope" in missing.output
