@@ -67,6 +67,20 @@ def mlflow_runs(project: Path, study: str) -> tuple[list[Any], list[Any]]:
     return parents, trained
 
 
+def kill_worker_after_round_2(project: Path, space: Path) -> None:
+    """A `fedcomm sweep` worker process SIGKILLed after round 2 of its first trial."""
+    env = {**os.environ, "FEDCOMM_KILL_AFTER_ROUND": "2", "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedcomm.cli", "sweep", str(space)],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+
+
 def test_three_trial_study_end_to_end(project: Path, data_root: Path) -> None:
     space = setup(project)
     res = CliRunner().invoke(app, ["sweep", str(space)])
@@ -161,16 +175,7 @@ def test_failed_trial_is_recorded_and_the_study_goes_on(project: Path, data_root
 
 def test_killed_worker_trial_is_retried_from_its_checkpoint(project: Path, data_root: Path) -> None:
     space = setup(project, trials=1)
-    env = {**os.environ, "FEDCOMM_KILL_AFTER_ROUND": "2", "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedcomm.cli", "sweep", str(space)],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == -9, proc.stderr[-2000:]
+    kill_worker_after_round_2(project, space)
     (stale,) = load(project).trials
     assert stale.state.name == "RUNNING"
 
@@ -246,16 +251,7 @@ def test_several_seeds_nest_under_a_trial_run_and_survive_a_kill(
     project: Path, data_root: Path
 ) -> None:
     space = setup(project, trials=1, seeds=[0, 1], pruner={"name": "none"})
-    env = {**os.environ, "FEDCOMM_KILL_AFTER_ROUND": "2", "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedcomm.cli", "sweep", str(space)],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == -9, proc.stderr[-2000:]
+    kill_worker_after_round_2(project, space)
     run_sweep(space)
     study = load(project)
     dead, retry = study.trials
