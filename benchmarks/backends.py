@@ -1,0 +1,311 @@
+"""Backend benchmark: the library's round loop against a plain PyTorch loop and a FLOP bound.
+
+Workloads (MNIST train images from the data root, IID; the 10,000 test images evaluated every
+round; FedAvg, 1 local epoch of plain SGD, server SGD lr 1):
+
+- W1: MLP 784-128-10, 1000 clients x 60 samples, 100 clients per round, batch 10, lr 0.05;
+- W2: the LeNet-like `cnn` (conv 5x5x32, conv 5x5x64, fc 512, 582,026 parameters),
+  100 clients x 600 samples, 10 clients per round, batch 32, lr 0.05.
+
+Runners:
+
+- ``sequential``: ``fedcomm.simulation.loop.run`` (the library's reference backend);
+- ``plain``: what research code does: ``copy.deepcopy`` of the global model per client, a
+  ``DataLoader`` per client, a ``torch.optim.SGD`` per client, ``state_dict`` averaging, and a
+  ``DataLoader`` evaluation under ``no_grad``; same cohorts as the library.
+
+The FLOP lower bound of a round is (3 x forward FLOPs x training samples + forward FLOPs x test
+samples) / the best matmul throughput measured in the same run (forward + backward ~ 3 x forward;
+forward FLOPs counted by ``torch.utils.flop_counter`` on the real model). Every (workload, runner)
+runs in its own subprocess, so its peak RSS is its own.
+
+    python benchmarks/backends.py [--workloads W1 W2] [--runners sequential plain]
+                                  [--rounds 20] [--repeats 3] [--threads N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedcomm.algorithms import build_algorithm, fedavg
+from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.base import ClientData
+from fedcomm.comm.codecs import build_compressor
+from fedcomm.data.datasets import DATA_ROOT_ENV, load_dataset
+from fedcomm.data.federated import PartitionSpec, make_partition
+from fedcomm.data.types import Dataset
+from fedcomm.models import build_model
+from fedcomm.seeding import Stream, torch_generator
+from fedcomm.simulation import loop
+from fedcomm.simulation.data import FederatedTensors
+
+REPO = Path(__file__).resolve().parents[1]
+N_TRAIN = 60_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    model: str
+    model_kw: dict[str, Any]
+    clients: int
+    per_round: int
+    batch: int
+    lr: float
+
+
+WORKLOADS = {
+    "W1": Workload("mlp", {"hidden": [128]}, clients=1000, per_round=100, batch=10, lr=0.05),
+    "W2": Workload("cnn", {}, clients=100, per_round=10, batch=32, lr=0.05),
+}
+
+
+def start_up(wl: Workload, data_root: str, seed: int) -> tuple[FederatedTensors, torch.nn.Module]:
+    """MNIST train rows IID over the workload's clients; the 10k test rows as global test."""
+    pool = load_dataset("mnist", data_root)  # official train first, then test
+    train = Dataset("mnist", pool.x[:N_TRAIN], pool.y[:N_TRAIN], pool.num_classes)
+    part = make_partition(train, PartitionSpec("iid", wl.clients, {}, 0.0, seed))
+    data = FederatedTensors.build(train, part.train, part.test)
+    test = ClientData(torch.from_numpy(pool.x[N_TRAIN:]), torch.from_numpy(pool.y[N_TRAIN:]).long())
+    data = dataclasses.replace(data, global_test=test)
+    gen = torch_generator(seed, Stream.INIT)  # as experiment.build_run_model seeds it
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    model = build_model(wl.model, input_shape=(1, 28, 28), num_classes=10, **wl.model_kw)
+    return data, model
+
+
+def run_library(
+    wl: Workload, data: FederatedTensors, model: torch.nn.Module, rounds: int, seed: int
+) -> tuple[list[float], float]:
+    local = LocalConfig(epochs=1, batch_size=wl.batch, lr=wl.lr)
+    cfg = loop.LoopConfig(rounds, wl.per_round, local, seed, eval_every=1)
+    algorithm, compressor = build_algorithm(fedavg.Config()), build_compressor("none")
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    result = loop.run(
+        cfg,
+        algorithm,
+        model,
+        data,
+        compressor,
+        config_hash="bench",
+        progress=lambda r, m: stamps.append(time.perf_counter()),
+    )
+    round_s = [b - a for a, b in zip([t0, *stamps[:-1]], stamps, strict=True)]
+    return round_s, float(result.state.round_rows[-1]["global/accuracy"])
+
+
+def run_plain(
+    wl: Workload, data: FederatedTensors, model: torch.nn.Module, rounds: int, seed: int
+) -> tuple[list[float], float]:
+    """A typical research-code FedAvg loop (same cohorts as the library)."""
+    gen = torch.Generator().manual_seed(seed)
+    round_s: list[float] = []
+    acc = 0.0
+    for r in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        cohort = loop.sample_cohort(seed, r, data.num_clients, wl.per_round)
+        states, weights = [], []
+        for cid in cohort:
+            local = copy.deepcopy(model)
+            local.train()
+            opt = torch.optim.SGD(local.parameters(), lr=wl.lr)
+            d = data.train[cid]
+            loader = DataLoader(
+                TensorDataset(d.x, d.y), batch_size=wl.batch, shuffle=True, generator=gen
+            )
+            for xb, yb in loader:
+                opt.zero_grad()
+                F.cross_entropy(local(xb), yb).backward()
+                opt.step()
+            states.append(local.state_dict())
+            weights.append(d.num_examples)
+        total = sum(weights)
+        avg = {
+            k: sum(w * s[k] for w, s in zip(weights, states, strict=True)) / total
+            for k in states[0]
+        }
+        model.load_state_dict(avg)
+        model.eval()
+        correct = 0
+        test = data.global_test
+        with torch.no_grad():
+            for xb, yb in DataLoader(TensorDataset(test.x, test.y), batch_size=1000):
+                correct += int((model(xb).argmax(1) == yb).sum())
+        acc = correct / test.num_examples
+        round_s.append(time.perf_counter() - t0)
+    return round_s, acc
+
+
+def forward_flops(model: torch.nn.Module) -> int:
+    """FLOPs of one forward pass of one 1x28x28 sample (counted, not estimated)."""
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, 1, 28, 28))
+    return int(counter.get_total_flops())
+
+
+def matmul_gflops(repeats: int = 5) -> float:
+    """The best fp32 matmul throughput of this process (GFLOP/s), large square and batched."""
+    best = 0.0
+    shapes = [((2048, 2048), (2048, 2048)), ((100, 64, 784), (100, 784, 128))]
+    for a_shape, b_shape in shapes:
+        a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+        flops = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
+        torch.matmul(a, b)  # warm-up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            best = max(best, flops / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def worker(
+    name: str, runner: str, rounds: int, repeats: int, data_root: str, seed: int
+) -> dict[str, Any]:
+    wl = WORKLOADS[name]
+    reps = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        data, model = start_up(wl, data_root, seed)
+        startup = time.perf_counter() - t0
+        fn = run_plain if runner == "plain" else run_library
+        round_s, acc = fn(wl, data, model, rounds, seed)
+        reps.append({"startup_s": startup, "round_s": round_s, "final_accuracy": acc})
+    data, model = start_up(wl, data_root, seed)
+    fwd = forward_flops(model)
+    train_samples = N_TRAIN // wl.clients * wl.per_round
+    round_flops = 3 * fwd * train_samples + fwd * data.global_test.num_examples
+    gflops = matmul_gflops()
+    steady = [s for rep in reps for s in (rep["round_s"][1:] or rep["round_s"])]
+    return {
+        "workload": name,
+        "runner": runner,
+        "round_s_median": statistics.median(steady),
+        "startup_s": statistics.median(rep["startup_s"] for rep in reps),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final_accuracy": reps[-1]["final_accuracy"],
+        "forward_flops": fwd,
+        "round_gflop": round_flops / 1e9,
+        "matmul_gflops": gflops,
+        "bound_s": round_flops / (gflops * 1e9),
+        "threads": torch.get_num_threads(),
+        "repeats": reps,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument(
+        "--runners", nargs="+", default=["sequential", "plain"], choices=["sequential", "plain"]
+    )
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--seed", type=int, default=0)
+    root = os.environ.get(DATA_ROOT_ENV) or str(REPO.parent / "shared" / "data")
+    p.add_argument("--data-root", default=root)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "RUNNER"), help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.worker:  # one (workload, runner) in this process, for its own peak RSS
+        result = worker(*args.worker, args.rounds, args.repeats, args.data_root, args.seed)
+        args.out.write_text(json.dumps(result))
+        return
+    results = []
+    for name in args.workloads:
+        for runner in args.runners:
+            with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    name,
+                    runner,
+                    "--out",
+                    tmp.name,
+                    "--rounds",
+                    str(args.rounds),
+                    "--repeats",
+                    str(args.repeats),
+                    "--seed",
+                    str(args.seed),
+                    "--data-root",
+                    args.data_root,
+                ]
+                if args.threads:
+                    cmd += ["--threads", str(args.threads)]
+                subprocess.run(cmd, check=True)
+                results.append(json.loads(Path(tmp.name).read_text()))
+    report(results)
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {"args": vars(args) | {"json": str(args.json)}, "results": results},
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    table = Table(title="fedcomm backends vs a plain PyTorch loop vs the FLOP lower bound")
+    for col in (
+        "workload",
+        "runner",
+        "s/round (median)",
+        "start-up s",
+        "peak RSS MiB",
+        "final acc",
+        "x FLOP bound",
+        "plain / this",
+    ):
+        table.add_column(col, justify="right")
+    plain = {r["workload"]: r["round_s_median"] for r in results if r["runner"] == "plain"}
+    for r in results:
+        ratio = plain.get(r["workload"])
+        table.add_row(
+            r["workload"],
+            r["runner"],
+            f"{r['round_s_median']:.4f}",
+            f"{r['startup_s']:.2f}",
+            f"{r['peak_rss_mib']:.0f}",
+            f"{100 * r['final_accuracy']:.2f}%",
+            f"{r['round_s_median'] / r['bound_s']:.1f}x",
+            "–" if ratio is None else f"{ratio / r['round_s_median']:.2f}x",
+        )
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    for name in sorted({r["workload"] for r in results}):
+        r = next(x for x in results if x["workload"] == name)
+        console.print(
+            f"{name}: {r['forward_flops']:,} forward FLOPs/sample, {r['round_gflop']:.2f} GFLOP "
+            f"per round, best matmul {r['matmul_gflops']:.1f} GFLOP/s -> bound "
+            f"{r['bound_s']:.4f} s/round ({r['threads']} threads)"
+        )
+
+
+if __name__ == "__main__":
+    main()
