@@ -33,6 +33,7 @@ from fedcomm.experiment import (
     evaluate_stage,
     load_data,
     partition_spec,
+    partition_stage,
     resolved_run_config,
     train_stage,
 )
@@ -71,8 +72,6 @@ class TrialResult:
 def prepare_partition(params: Params, sweep_dir: Path) -> tuple[Path, str]:
     """The trial's partition, shared by every trial with the same data and partition params
     (written once, under a lock, by whichever worker needs it first)."""
-    from fedcomm.experiment import partition_stage
-
     phash = partition_hash(load_data(params).fingerprint(), partition_spec(params))
     where = sweep_dir / "partitions" / phash[:16]
     with file_lock(sweep_dir / "partitions" / f".{phash[:16]}.lock"):
@@ -265,7 +264,7 @@ def _train_seed(
     parent: str | None,
     tags: dict[str, str],
     reporter: Reporter | None,
-    trial_run: object | None,
+    trial_run: tracking.MlflowTracker | None,
     on_run: Callable[[str], None] | None,
 ) -> str:
     """Train one seed (resuming its checkpoint if any); returns its MLflow run id ("" if none)."""
