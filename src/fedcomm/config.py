@@ -512,15 +512,21 @@ def validate_params(raw: Mapping[str, Any], source: str = "params") -> Params:
         raise ConfigError(format_errors(err, source, raw)) from None
 
 
-def load_params(path: str | Path) -> Params:
-    """Read and validate a params YAML file (no side effects)."""
+def read_yaml_mapping(path: str | Path, what: str = "params file") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping; :class:`ConfigError` naming ``what`` and the
+    path if it is missing, not YAML, or not a mapping."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{p}: params file not found")
+        raise ConfigError(f"{p}: {what} not found (no such file)")
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{p}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: top level must be a mapping of sections, got {type(raw).__name__}")
-    return validate_params(raw, str(p))
+        raise ConfigError(f"{p}: top level must be a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and validate a params YAML file (no side effects)."""
+    return validate_params(read_yaml_mapping(path), str(path))

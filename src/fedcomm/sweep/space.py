@@ -25,10 +25,15 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedcomm.config import ConfigError, Params, format_errors, load_params, validate_params
+from fedcomm.config import (
+    ConfigError,
+    Params,
+    format_errors,
+    read_yaml_mapping,
+    validate_params,
+)
 
 
 class _Strict(BaseModel):
@@ -251,22 +256,15 @@ def load_sweep(path: Path, root: Path | None = None) -> tuple[Sweep, dict[str, A
     """Read and validate a space file and its base params (relative to ``root``, default the
     space file's project: the current directory). Returns the sweep and the base params' raw
     mapping (what trials modify)."""
-    if not path.is_file():
-        raise ConfigError(f"search space {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"search space {path}: not valid YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"search space {path}: expected a mapping at the top level")
+    data = read_yaml_mapping(path, "search space")
     data.setdefault("study", path.stem)
     try:
         sweep = Sweep.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_errors(err, str(path), data)) from None
     base_path = (root or Path.cwd()) / sweep.base
-    base = load_params(base_path)  # validates the base itself
-    base_raw = yaml.safe_load(base_path.read_text())
+    base_raw = read_yaml_mapping(base_path)
+    base = validate_params(base_raw, str(base_path))  # the base itself must be valid
     if sweep.run not in base.algorithms:
         raise ConfigError(
             f"{path}: run={sweep.run!r} is not a key of {sweep.base}'s algorithms "
