@@ -1,26 +1,29 @@
-"""Backend benchmark: the library's round loop against a plain PyTorch loop and a FLOP bound.
+"""Backend benchmark: the library's backends against a plain PyTorch loop and a FLOP bound.
 
 Workloads (MNIST train images from the data root, IID; the 10,000 test images evaluated every
-round; FedAvg, 1 local epoch of plain SGD, server SGD lr 1):
+round; 1 local epoch of plain SGD, server SGD lr 1):
 
 - W1: MLP 784-128-10, 1000 clients x 60 samples, 100 clients per round, batch 10, lr 0.05;
 - W2: the LeNet-like `cnn` (conv 5x5x32, conv 5x5x64, fc 512, 582,026 parameters),
   100 clients x 600 samples, 10 clients per round, batch 32, lr 0.05.
 
-Runners:
+Runners (each (workload, runner) in its own subprocess, so its peak RSS is its own):
 
-- ``sequential``: ``fedcomm.simulation.loop.run`` (the library's reference backend);
+- ``vectorized`` / ``sequential``: ``fedcomm.simulation.loop.run`` with FedAvg on that backend;
 - ``plain``: what research code does: ``copy.deepcopy`` of the global model per client, a
   ``DataLoader`` per client, a ``torch.optim.SGD`` per client, ``state_dict`` averaging, and a
-  ``DataLoader`` evaluation under ``no_grad``; same cohorts as the library.
+  ``DataLoader`` evaluation under ``no_grad``; same cohorts as the library;
+- ``vectorized-fedsparse`` / ``-fedbiad`` / ``-feddst``: those algorithms (default configs) on
+  the vectorized backend, against FedAvg's vectorized round;
+- ``*-no-malloc-tuning``: the same with ``FEDCOMM_MALLOC_TUNING=0`` (glibc's default mmap and
+  trim thresholds: see ``fedcomm.simulation.allocator``).
 
 The FLOP lower bound of a round is (3 x forward FLOPs x training samples + forward FLOPs x test
 samples) / the best matmul throughput measured in the same run (forward + backward ~ 3 x forward;
-forward FLOPs counted by ``torch.utils.flop_counter`` on the real model). Every (workload, runner)
-runs in its own subprocess, so its peak RSS is its own.
+forward FLOPs counted by ``torch.utils.flop_counter`` on the real model).
 
-    python benchmarks/backends.py [--workloads W1 W2] [--runners sequential plain]
-                                  [--rounds 20] [--repeats 3] [--threads N] [--json out.json]
+    python benchmarks/backends.py [--workloads W1 W2] [--runners vectorized sequential plain ...]
+                                  [--rounds N] [--repeats 3] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import copy
 import dataclasses
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -46,7 +50,7 @@ from rich.table import Table
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedcomm.algorithms import build_algorithm, fedavg
+from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import ClientData
 from fedcomm.comm.codecs import build_compressor
@@ -70,11 +74,37 @@ class Workload:
     per_round: int
     batch: int
     lr: float
+    rounds: int  # default rounds per repeat
 
 
 WORKLOADS = {
-    "W1": Workload("mlp", {"hidden": [128]}, clients=1000, per_round=100, batch=10, lr=0.05),
-    "W2": Workload("cnn", {}, clients=100, per_round=10, batch=32, lr=0.05),
+    "W1": Workload("mlp", {"hidden": [128]}, 1000, per_round=100, batch=10, lr=0.05, rounds=20),
+    "W2": Workload("cnn", {}, 100, per_round=10, batch=32, lr=0.05, rounds=5),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    kind: str  # "library" | "plain"
+    backend: str = "sequential"
+    algorithm: str = "fedavg"
+    env: tuple[tuple[str, str], ...] = ()
+
+
+NO_TUNING = (("FEDCOMM_MALLOC_TUNING", "0"),)
+RUNNERS = {
+    "vectorized": Runner("library", "vectorized"),
+    "sequential": Runner("library", "sequential"),
+    "plain": Runner("plain"),
+    "vectorized-fedsparse": Runner("library", "vectorized", "fedsparse"),
+    "vectorized-fedbiad": Runner("library", "vectorized", "fedbiad"),
+    "vectorized-feddst": Runner("library", "vectorized", "feddst"),
+    "vectorized-no-malloc-tuning": Runner("library", "vectorized", env=NO_TUNING),
+    "sequential-no-malloc-tuning": Runner("library", "sequential", env=NO_TUNING),
+}
+DEFAULT_RUNNERS = {
+    "W1": list(RUNNERS),
+    "W2": ["vectorized", "sequential", "plain"],
 }
 
 
@@ -84,7 +114,10 @@ def start_up(wl: Workload, data_root: str, seed: int) -> tuple[FederatedTensors,
     train = Dataset("mnist", pool.x[:N_TRAIN], pool.y[:N_TRAIN], pool.num_classes)
     part = make_partition(train, PartitionSpec("iid", wl.clients, {}, 0.0, seed))
     data = FederatedTensors.build(train, part.train, part.test)
-    test = ClientData(torch.from_numpy(pool.x[N_TRAIN:]), torch.from_numpy(pool.y[N_TRAIN:]).long())
+    test = ClientData(  # copies: a view would keep all 70,000 float images alive
+        torch.from_numpy(pool.x[N_TRAIN:].copy()), torch.from_numpy(pool.y[N_TRAIN:]).long()
+    )
+    del pool, train
     data = dataclasses.replace(data, global_test=test)
     gen = torch_generator(seed, Stream.INIT)  # as experiment.build_run_model seeds it
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
@@ -93,11 +126,18 @@ def start_up(wl: Workload, data_root: str, seed: int) -> tuple[FederatedTensors,
 
 
 def run_library(
-    wl: Workload, data: FederatedTensors, model: torch.nn.Module, rounds: int, seed: int
+    wl: Workload,
+    data: FederatedTensors,
+    model: torch.nn.Module,
+    rounds: int,
+    seed: int,
+    backend: str = "sequential",
+    algorithm_name: str = "fedavg",
 ) -> tuple[list[float], float]:
     local = LocalConfig(epochs=1, batch_size=wl.batch, lr=wl.lr)
-    cfg = loop.LoopConfig(rounds, wl.per_round, local, seed, eval_every=1)
-    algorithm, compressor = build_algorithm(fedavg.Config()), build_compressor("none")
+    cfg = loop.LoopConfig(rounds, wl.per_round, local, seed, eval_every=1, backend=backend)
+    config = CONFIGS[algorithm_name]().with_rounds(rounds)  # the algorithm's defaults
+    algorithm, compressor = build_algorithm(config), build_compressor("none")
     stamps: list[float] = []
     t0 = time.perf_counter()
     result = loop.run(
@@ -178,27 +218,34 @@ def matmul_gflops(repeats: int = 5) -> float:
 
 
 def worker(
-    name: str, runner: str, rounds: int, repeats: int, data_root: str, seed: int
+    name: str, runner_name: str, rounds: int, repeats: int, data_root: str, seed: int
 ) -> dict[str, Any]:
-    wl = WORKLOADS[name]
+    wl, runner = WORKLOADS[name], RUNNERS[runner_name]
     reps = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         data, model = start_up(wl, data_root, seed)
         startup = time.perf_counter() - t0
-        fn = run_plain if runner == "plain" else run_library
-        round_s, acc = fn(wl, data, model, rounds, seed)
+        if runner.kind == "plain":
+            round_s, acc = run_plain(wl, data, model, rounds, seed)
+        else:
+            round_s, acc = run_library(
+                wl, data, model, rounds, seed, runner.backend, runner.algorithm
+            )
         reps.append({"startup_s": startup, "round_s": round_s, "final_accuracy": acc})
-    data, model = start_up(wl, data_root, seed)
+        test_n = data.global_test.num_examples
+        del data  # before the next repeat's start-up: one data set alive at a time
     fwd = forward_flops(model)
     train_samples = N_TRAIN // wl.clients * wl.per_round
-    round_flops = 3 * fwd * train_samples + fwd * data.global_test.num_examples
+    round_flops = 3 * fwd * train_samples + fwd * test_n
     gflops = matmul_gflops()
     steady = [s for rep in reps for s in (rep["round_s"][1:] or rep["round_s"])]
     return {
         "workload": name,
-        "runner": runner,
+        "runner": runner_name,
+        "algorithm": runner.algorithm if runner.kind == "library" else "fedavg",
         "round_s_median": statistics.median(steady),
+        "round1_s_median": statistics.median(rep["round_s"][0] for rep in reps),
         "startup_s": statistics.median(rep["startup_s"] for rep in reps),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "final_accuracy": reps[-1]["final_accuracy"],
@@ -207,6 +254,7 @@ def worker(
         "matmul_gflops": gflops,
         "bound_s": round_flops / (gflops * 1e9),
         "threads": torch.get_num_threads(),
+        "env": dict(runner.env),
         "repeats": reps,
     }
 
@@ -215,9 +263,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument(
-        "--runners", nargs="+", default=["sequential", "plain"], choices=["sequential", "plain"]
+        "--runners",
+        nargs="+",
+        default=None,
+        choices=list(RUNNERS),
+        help="default: every runner on W1; vectorized, sequential and plain on W2",
     )
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=None, help="default: W1 20, W2 5")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
@@ -230,12 +282,14 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.worker:  # one (workload, runner) in this process, for its own peak RSS
-        result = worker(*args.worker, args.rounds, args.repeats, args.data_root, args.seed)
+        rounds = args.rounds or WORKLOADS[args.worker[0]].rounds
+        result = worker(*args.worker, rounds, args.repeats, args.data_root, args.seed)
         args.out.write_text(json.dumps(result))
         return
     results = []
     for name in args.workloads:
-        for runner in args.runners:
+        rounds = args.rounds or WORKLOADS[name].rounds
+        for runner in args.runners or DEFAULT_RUNNERS[name]:
             with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
                 cmd = [
                     sys.executable,
@@ -246,7 +300,7 @@ def main() -> None:
                     "--out",
                     tmp.name,
                     "--rounds",
-                    str(args.rounds),
+                    str(rounds),
                     "--repeats",
                     str(args.repeats),
                     "--seed",
@@ -256,7 +310,8 @@ def main() -> None:
                 ]
                 if args.threads:
                     cmd += ["--threads", str(args.threads)]
-                subprocess.run(cmd, check=True)
+                env = {**os.environ, **dict(RUNNERS[runner].env)}
+                subprocess.run(cmd, check=True, env=env)
                 results.append(json.loads(Path(tmp.name).read_text()))
     report(results)
     if args.json is not None:
@@ -276,27 +331,37 @@ def report(results: list[dict[str, Any]]) -> None:
         "workload",
         "runner",
         "s/round (median)",
+        "round 1 s",
         "start-up s",
         "peak RSS MiB",
         "final acc",
         "x FLOP bound",
         "plain / this",
+        "sequential / this",
+        "this / vectorized FedAvg",
     ):
         table.add_column(col, justify="right")
-    plain = {r["workload"]: r["round_s_median"] for r in results if r["runner"] == "plain"}
+    by = {(r["workload"], r["runner"]): r["round_s_median"] for r in results}
     for r in results:
-        ratio = plain.get(r["workload"])
+        wl, t = r["workload"], r["round_s_median"]
+
+        def ratio(a: float | None, b: float | None) -> str:
+            return "-" if a is None or b is None else f"{a / b:.2f}x"
+
         table.add_row(
-            r["workload"],
+            wl,
             r["runner"],
-            f"{r['round_s_median']:.4f}",
+            f"{t:.4f}",
+            f"{r['round1_s_median']:.3f}",
             f"{r['startup_s']:.2f}",
             f"{r['peak_rss_mib']:.0f}",
             f"{100 * r['final_accuracy']:.2f}%",
-            f"{r['round_s_median'] / r['bound_s']:.1f}x",
-            "–" if ratio is None else f"{ratio / r['round_s_median']:.2f}x",
+            f"{t / r['bound_s']:.2f}x",
+            ratio(by.get((wl, "plain")), t),
+            ratio(by.get((wl, "sequential")), t),
+            ratio(t, by.get((wl, "vectorized"))),
         )
-    console = Console(width=max(Console().width, 120))
+    console = Console(width=max(Console().width, 160))
     console.print(table)
     for name in sorted({r["workload"] for r in results}):
         r = next(x for x in results if x["workload"] == name)
@@ -305,6 +370,10 @@ def report(results: list[dict[str, Any]]) -> None:
             f"per round, best matmul {r['matmul_gflops']:.1f} GFLOP/s -> bound "
             f"{r['bound_s']:.4f} s/round ({r['threads']} threads)"
         )
+    console.print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, Python {platform.python_version()}"
+    )
 
 
 if __name__ == "__main__":

@@ -305,7 +305,15 @@ class TrainConfig(Strict):
     rounds: int = Field(ge=1)
     clients_per_round: int = Field(ge=1)
     local: LocalConfig = Field(default_factory=LocalConfig)
-    backend: Literal["sequential"] = "sequential"
+    backend: Literal["sequential", "vectorized"] = Field(
+        "sequential",
+        description="sequential: one client after the other (the reference); vectorized: the "
+        "round's clients train as one batched computation (torch.func.vmap), falling back to "
+        "sequential, with a log line saying why, for algorithms or models it cannot batch",
+    )
+    chunk_size: int = Field(
+        128, ge=1, description="vectorized: clients per batched computation (bounds memory)"
+    )
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(2048, ge=1)
     topk: int = Field(1, ge=1, description="k of topk/accuracy (3 for next-word prediction)")

@@ -245,6 +245,8 @@ def train_stage(
                 resume=resume,
                 progress=progress,
             )
+        # the backend that ran the clients (vectorized may fall back to sequential, logged)
+        tracker.set_tags({"fedcomm.backend": result.backend})
         out = _write_run_outputs(paths.train_dir(run, seed), result, config, tracker.run_id)
         for f in ("rounds.parquet", "ledger.parquet", "clients.parquet", "model.safetensors"):
             tracker.log_artifact(out / f)
@@ -274,6 +276,8 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         eval_batch_size=t.eval_batch_size,
         topk=t.topk,
         checkpoint_every=t.checkpoint_every,
+        backend=t.backend,
+        chunk_size=t.chunk_size,
     )
 
 

@@ -237,7 +237,8 @@ def _adamax(
     for k, g in grads.items():
         m = aux.b1 * bufs[f"adamax.m.{k}"] + (1 - aux.b1) * g
         u = torch.maximum(aux.b2 * bufs[f"adamax.u.{k}"], g.abs() + aux.eps)
-        new_live[k] = live[k] - (aux.lr / (1 - aux.b1**t)) * m / u
+        scale = aux.lr / (1 - aux.b1**t)  # () per client; (C,) for a stacked chunk
+        new_live[k] = live[k] - scale.reshape(scale.shape + (1,) * (g.dim() - scale.dim())) * m / u
         new_bufs[f"adamax.m.{k}"], new_bufs[f"adamax.u.{k}"] = m, u
     return new_live, new_bufs
 
@@ -268,8 +269,22 @@ def _update_inplace(
     live: dict[str, Tensor], grads: dict[str, Tensor], bufs: dict[str, Tensor], cfg: LocalConfig
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The same rule as :func:`_update`, in place on ``live`` and ``bufs``."""
-    grads = _clipped(grads, cfg)
-    names = list(live)
+    sgd_inplace(live, bufs, _clipped(grads, cfg), cfg)
+    return live, bufs
+
+
+@torch.no_grad()
+def sgd_inplace(
+    live: Mapping[str, Tensor],
+    bufs: Mapping[str, Tensor],
+    grads: Mapping[str, Tensor],
+    cfg: LocalConfig,
+) -> None:
+    """``g ← g + wd·w; b ← μb + g; w ← w − lr·b`` in place for the tensors named in ``grads``
+    (already clipped). Elementwise: one client's tensors or a stacked chunk alike."""
+    names = list(grads)
+    if not names:
+        return
     ws, gs = [live[k] for k in names], [grads[k] for k in names]
     if cfg.weight_decay:
         gs = list(torch._foreach_add(gs, ws, alpha=cfg.weight_decay))
@@ -279,7 +294,6 @@ def _update_inplace(
         torch._foreach_add_(bs, gs)
         gs = bs
     torch._foreach_add_(ws, gs, alpha=-cfg.lr)
-    return live, bufs
 
 
 def local_sgd(

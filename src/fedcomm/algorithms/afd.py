@@ -47,7 +47,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _local, feddrop
+from fedcomm.algorithms import _jobs, feddrop
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -161,21 +161,6 @@ def pattern_entries(
     return {UNIT + s.name: entry(keep[s.name]) for s in layers if not s.is_output}
 
 
-def train_submodel(
-    down: Mapping[str, Tensor], data: ClientData, ctx: ClientContext
-) -> tuple[_local.LocalResult, Params, dict[str, Tensor]]:
-    """Masked local SGD on a decoded :func:`feddrop.encode_kept` downlink (dropped entries stay
-    zero): ``(result, sub-model it started from, full-shape keep masks)``."""
-    sub = feddrop.decode_kept(down)
-    keep = feddrop.keep_masks(down)
-
-    def hook(params: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {k: g * keep[k] for k, g in grads.items()}
-
-    res = _local.local_sgd(ctx.model, sub, data, ctx.local, ctx.generator, grad_hook=hook)
-    return res, sub, keep
-
-
 def submodel_fraction(keep: Mapping[str, Tensor]) -> float:
     """Fraction of the model's entries in the sub-model."""
     return sum(int(m.sum()) for m in keep.values()) / sum(m.numel() for m in keep.values())
@@ -202,19 +187,21 @@ def build(cfg: Config) -> FedAlgorithm:
         pattern = pattern_entries(state.layers, state.keep, cfg.count_pattern)
         return Payload(feddrop.encode_kept(state.params, masks) | pattern)
 
-    def client_update(
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        res, sub, keep = train_submodel(down, data, ctx)
-        delta = feddrop.encode_kept({k: res.params[k] - sub[k] for k in sub}, keep)
-        loss = Meta(torch.tensor(res.loss, dtype=torch.float32))  # 32 bits
-        return ClientResult(
-            uplink=Payload(delta | {LOSS: loss}),
-            state=None,
-            local_params=res.params,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss, "afd/submodel_fraction": submodel_fraction(keep)},
-        )
+    ) -> _jobs.LocalJob:
+        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
+            delta = feddrop.encode_kept({k: res.live[k] - sub[k] for k in sub}, keep)
+            loss = Meta(torch.tensor(res.loss, dtype=torch.float32))  # 32 bits
+            return ClientResult(
+                uplink=Payload(delta | {LOSS: loss}),
+                state=None,
+                local_params=res.live,
+                num_examples=data.num_examples,
+                metrics={"train/loss": res.loss, "afd/submodel_fraction": submodel_fraction(keep)},
+            )
+
+        return feddrop.submodel_job(down, data, ctx, finish)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -241,7 +228,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         server_metrics=_server_metrics,

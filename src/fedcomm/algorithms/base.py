@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,6 +46,9 @@ from fedcomm.comm.ledger import Direction
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
+
+if TYPE_CHECKING:
+    from fedcomm.algorithms._jobs import LocalJob
 
 ServerState = Any
 ClientState = Any
@@ -175,6 +178,14 @@ class FedAlgorithm:
     # the structure trained and evaluated, built around the registry's model (deterministic in
     # the seed): ProgFed's progressive net with temporary heads; raises ValueError if impossible
     prepare_model: Callable[[nn.Module, int], nn.Module] | None = None
+    # local training as a job (``client_update`` is then ``_jobs.job_client_update``): lets the
+    # vectorized backend train the round's clients as one batched computation
+    client_job: (
+        Callable[[Mapping[str, Tensor], ClientState, ClientData, ClientContext], LocalJob] | None
+    ) = None
+    # why this algorithm's clients cannot be batched (logged when the vectorized backend falls
+    # back to sequential for it)
+    unbatched: str | None = None
 
 
 C = TypeVar("C", bound=AlgorithmConfig)

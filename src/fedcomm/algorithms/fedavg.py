@@ -18,7 +18,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -50,13 +50,18 @@ class ServerState:
     opt_state: OptState
 
 
+ANCHOR = "anchor."  # frozen copies of w_t under these keys, for an anchored grad_hook
+
+
 def make(
     cfg: AlgorithmConfig,
     weighting: str,
-    grad_hook_for: _local.GradHookFactory | None = None,
+    anchored_hook: _local.GradHook | None = None,
 ) -> FedAlgorithm:
-    """FedAvg's functions; ``grad_hook_for(w_t)`` adds a local gradient term (FedProx)."""
+    """FedAvg's functions; ``anchored_hook(full, grads)`` adds a local gradient term that reads
+    ``w_t`` as ``full[ANCHOR + name]`` (FedProx)."""
     opt: Transform = cfg.server.build()
+    program = _jobs.LocalProgram(grad_hook=anchored_hook)
 
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         return ServerState(clone_params(params), opt.init(params))
@@ -64,18 +69,21 @@ def make(
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
         return encode_dense(state.params)
 
-    def client_update(
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        hook = grad_hook_for(down) if grad_hook_for is not None else None
-        res = _local.local_sgd(ctx.model, down, data, ctx.local, ctx.generator, grad_hook=hook)
-        return ClientResult(
-            uplink=encode_dense(subtract(res.params, down)),
-            state=None,
-            local_params=res.params,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss},
-        )
+    ) -> _jobs.LocalJob:
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            return ClientResult(
+                uplink=encode_dense(subtract(res.live, down)),
+                state=None,
+                local_params=res.live,
+                num_examples=data.num_examples,
+                metrics={"train/loss": res.loss},
+            )
+
+        anchors = {ANCHOR + k: v for k, v in down.items()} if anchored_hook is not None else {}
+        batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
+        return _jobs.new_job(program, down, data, ctx.local, batches, finish, frozen=anchors)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -90,7 +98,8 @@ def make(
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=lambda down, up: {k: down[k] + up[k] for k in down},

@@ -32,7 +32,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -70,6 +70,9 @@ class Config(AlgorithmConfig):
 class ServerState:
     params: Params
     opt_state: OptState  # () for the median rule
+
+
+ANCHOR = "anchor."  # the downloaded w in a client's job (the proximal step's center)
 
 
 def soft_threshold(d: Tensor, tau: float) -> Tensor:
@@ -114,20 +117,41 @@ def build(cfg: Config) -> FedAlgorithm:
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
         return encode_dense(state.params)
 
-    def client_update(
+    programs: dict[float, _jobs.LocalProgram] = {}
+
+    def program_for(tau: float) -> _jobs.LocalProgram:
+        """The L1 proximal post-step toward each client's anchor ``w`` (``frozen``)."""
+        if tau not in programs:
+
+            def post_step(
+                live: dict[str, Tensor], frozen: Mapping[str, Tensor], before: Mapping[str, Tensor]
+            ) -> dict[str, Tensor]:
+                anchor = {k: frozen[ANCHOR + k] for k in live}
+                return prox_toward(anchor, tau)(live)
+
+            programs[tau] = _jobs.LocalProgram(post_step=post_step if tau > 0 else None)
+        return programs[tau]
+
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        post = prox_toward(down, ctx.local.lr * cfg.lam) if cfg.lam > 0 else None
-        res = _local.local_sgd(ctx.model, down, data, ctx.local, ctx.generator, post_step=post)
-        delta = subtract(res.params, down)
-        tied = sum(int((v == 0).sum()) for v in delta.values())
-        numel = sum(v.numel() for v in delta.values())
-        return ClientResult(
-            uplink=encode_dense(delta),
-            state=None,
-            local_params=res.params,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss, "fedavg_laplace/tied_fraction": tied / numel},
+    ) -> _jobs.LocalJob:
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            delta = subtract(res.live, down)
+            tied = sum(int((v == 0).sum()) for v in delta.values())
+            numel = sum(v.numel() for v in delta.values())
+            return ClientResult(
+                uplink=encode_dense(delta),
+                state=None,
+                local_params=res.live,
+                num_examples=data.num_examples,
+                metrics={"train/loss": res.loss, "fedavg_laplace/tied_fraction": tied / numel},
+            )
+
+        tau = ctx.local.lr * cfg.lam if cfg.lam > 0 else 0.0
+        batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
+        anchors = {ANCHOR + k: v for k, v in down.items()} if tau > 0 else {}
+        return _jobs.new_job(
+            program_for(tau), down, data, ctx.local, batches, finish, frozen=anchors
         )
 
     def server_update(
@@ -147,7 +171,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=lambda down, up: {k: down[k] + up[k] for k in down},

@@ -33,10 +33,10 @@ from typing import Literal
 
 import torch
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -125,15 +125,34 @@ def ascent_direction(
     return tuple(out)
 
 
-def mixture_hook(members: Sequence[Params], lam: float) -> _local.LossHook:
-    """``loss ↦ loss − log Σ_k (1/K) exp(−λ/2 ‖w_s − w_k‖²)`` (maximises the log prior)."""
-    log_k = math.log(len(members))
+MIX = "mix"  # f"mix{k}.{param}": member k in a client's local job (the prior's centres)
 
-    def hook(params: Mapping[str, Tensor], loss: Tensor) -> Tensor:
+
+def mixture_program(names: Sequence[str], k: int, lam: float) -> _jobs.LocalProgram:
+    """:func:`mixture_hook` as a batchable program: the ``k`` members are read from ``full``
+    under :data:`MIX` keys."""
+    log_k = math.log(k)
+
+    def hook(full: Mapping[str, Tensor], loss: Tensor) -> Tensor:
         sq = torch.stack(
-            [torch.stack([((params[n] - m[n]) ** 2).sum() for n in m]).sum() for m in members]
+            [
+                torch.stack([((full[n] - full[f"{MIX}{j}.{n}"]) ** 2).sum() for n in names]).sum()
+                for j in range(k)
+            ]
         )  # (K,)
         return loss - (torch.logsumexp(-0.5 * lam * sq, dim=0) - log_k)
+
+    return _jobs.LocalProgram(loss_hook=hook)
+
+
+def mixture_hook(members: Sequence[Params], lam: float) -> _local.LossHook:
+    """``loss ↦ loss − log Σ_k (1/K) exp(−λ/2 ‖w_s − w_k‖²)`` (maximises the log prior)."""
+    program = mixture_program(list(members[0]), len(members), lam)
+    centres = {f"{MIX}{j}.{n}": t for j, m in enumerate(members) for n, t in m.items()}
+    assert program.loss_hook is not None
+
+    def hook(params: Mapping[str, Tensor], loss: Tensor) -> Tensor:
+        return program.loss_hook({**centres, **params}, loss)  # type: ignore[misc]
 
     return hook
 
@@ -172,23 +191,31 @@ def build(cfg: Config) -> FedAlgorithm:
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
         return encode_dense(join_members(state.members))  # K x dense bits
 
-    def client_update(
+    programs: dict[tuple[int, int], tuple[nn.Module, _jobs.LocalProgram]] = {}
+
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
+    ) -> _jobs.LocalJob:
         members = split_members(down)
         k = pick_member(members, data, ctx)
-        hook = mixture_hook(members, cfg.lam)
-        res = _local.local_sgd(
-            ctx.model, members[k], data, ctx.local, ctx.generator, loss_hook=hook
-        )
-        picks = {f"fedavg_mog/init_member{j}": float(j == k) for j in range(len(members))}
-        return ClientResult(
-            uplink=encode_dense(res.params),  # one dense model
-            state=None,
-            local_params=res.params,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss, **picks},
-        )
+        hit = programs.get((id(ctx.model), len(members)))
+        if hit is None or hit[0] is not ctx.model:
+            hit = (ctx.model, mixture_program(list(members[0]), len(members), cfg.lam))
+            programs[(id(ctx.model), len(members))] = hit
+        centres = {f"{MIX}{j}.{n}": t for j, m in enumerate(members) for n, t in m.items()}
+
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            picks = {f"fedavg_mog/init_member{j}": float(j == k) for j in range(len(members))}
+            return ClientResult(
+                uplink=encode_dense(res.live),  # one dense model
+                state=None,
+                local_params=res.live,
+                num_examples=data.num_examples,
+                metrics={"train/loss": res.loss, **picks},
+            )
+
+        batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
+        return _jobs.new_job(hit[1], members[k], data, ctx.local, batches, finish, frozen=centres)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -214,7 +241,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: join_members(s.members),
         server_metrics=server_metrics,

@@ -49,7 +49,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
@@ -72,6 +72,18 @@ from fedcomm.types import Params
 
 MASK = "mask/"  # f"mask/{spec}": β of one row layer, 1 bit per row (comm.payload.Mask)
 KEEP = "keep/"  # f"keep/{param}": the entry mask β expands to (Free: the receiver rebuilds it)
+# a client's per-step tensors in its local job: row masks of β per parameter, the weight noise ε,
+# s̃ and the KL weight 1/(α|D|)
+ROW, EPS, S_TILDE, KL_COEF = "rows.", "eps.", "s_tilde", "kl_coef"
+
+
+@dataclass
+class _Track:
+    """A client's pattern state during its local training (host side, between steps)."""
+
+    beta: dict[str, Tensor]
+    scores: dict[str, Tensor]
+    resamples: int = 0
 
 
 class Config(AlgorithmConfig):
@@ -303,13 +315,54 @@ def make(cfg: Config) -> FedAlgorithm:
     ) -> Payload:
         return encode_dense(state.params)  # 32·N
 
-    def client_update(
-        down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        model = ctx.model
-        specs = row_specs(model, cfg.drop_output_layer)
+    programs: dict[tuple[int, bool], tuple[nn.Module, _jobs.LocalProgram]] = {}
+
+    def program_for(model: nn.Module, freeze: bool) -> _jobs.LocalProgram:
+        """The local step for this structure. Per client (``full``): the row masks of ``β``
+        (``mask.<param>``), the weight noise ``ε`` (``eps.<param>``), ``s̃`` and the KL weight."""
+        hit = programs.get((id(model), freeze))
+        if hit is not None and hit[0] is model:
+            return hit[1]
         names = [n for n, _ in model.named_parameters()]
         rowed = {n for s in rows(model) for n in s.param_names}  # the KL's rows (all of them)
+
+        def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # β ∘ (U + s̃ε)
+            out = dict(full)
+            for n in names:
+                t = full[n] + full[S_TILDE] * full[EPS + n]
+                out[n] = t * full[ROW + n] if ROW + n in full else t
+            return out
+
+        def kl_term(full: Mapping[str, Tensor], loss: Tensor) -> Tensor:  # + ½Σ_kept‖μ_j‖²/(α|D|)
+            sq = [((full[n] * full[ROW + n]) if ROW + n in full else full[n]).pow(2).sum()
+                  for n in rowed]  # fmt: skip
+            return loss + full[KL_COEF] * 0.5 * torch.stack(sq).sum()
+
+        def frozen_rows(
+            live: dict[str, Tensor], frozen: Mapping[str, Tensor], before: Mapping[str, Tensor]
+        ) -> dict[str, Tensor]:  # Eq. 7: dropped rows stay frozen (momentum / weight decay)
+            return {
+                k: torch.where(frozen[ROW + k].bool(), v, before[k]) if ROW + k in frozen else v
+                for k, v in live.items()
+            }
+
+        program = _jobs.LocalProgram(
+            loss_hook=kl_term if cfg.kl and rowed else None,
+            param_map=forward_params,
+            post_step=frozen_rows if freeze else None,
+            post_reads_old=freeze,
+        )
+        programs[(id(model), freeze)] = (model, program)
+        return program
+
+    def client_job(
+        down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
+    ) -> _jobs.LocalJob:
+        model = ctx.model
+        gen = ctx.generator
+        specs = row_specs(model, cfg.drop_output_layer)
+        params = dict(model.named_parameters())
+        names = list(params)
         scores = {
             s.name: cstate.scores[s.name].clone()
             if s.name in cstate.scores
@@ -317,7 +370,7 @@ def make(cfg: Config) -> FedAlgorithm:
             for s in specs
         }
         u0 = {k: down[k] for k in names}
-        batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
+        batches = _local.batch_schedule(data.num_examples, ctx.local, gen)
         s2 = model_variance(
             model, cfg.p, cfg.B, int(data.x[0].numel()) if data.num_examples else 1,
             ctx.round_, len(batches), data.num_examples,
@@ -325,81 +378,86 @@ def make(cfg: Config) -> FedAlgorithm:
         s_tilde = math.sqrt(s2)
         stage_one = ctx.round_ <= cfg.stage_boundary
         if stage_one:
-            beta = random_pattern(specs, cfg.p, ctx.generator, cfg.pattern_scope)
+            beta = random_pattern(specs, cfg.p, gen, cfg.pattern_scope)
         else:
-            beta = score_pattern(specs, scores, cfg.p, ctx.generator, cfg.pattern_scope)
+            beta = score_pattern(specs, scores, cfg.p, gen, cfg.pattern_scope)
         kl_coef = 1.0 / (cfg.alpha * max(1, data.num_examples)) if cfg.kl else 0.0
-        cur: dict[str, dict[str, Tensor]] = {}
+        freeze = ctx.local.momentum > 0 or ctx.local.weight_decay > 0
+        track = _Track(beta, scores)
+        losses: list[float] = []
 
-        def set_pattern(pattern: Mapping[str, Tensor]) -> None:
-            cur["masks"] = {
-                n: m for s in specs for n, m in expand_mask(s, pattern[s.name], u0).items()
+        def masks_of(pattern: Mapping[str, Tensor]) -> dict[str, Tensor]:
+            return {
+                ROW + n: m.to(u0[n].dtype)
+                for s in specs
+                for n, m in expand_mask(s, pattern[s.name], u0).items()
             }
 
-        def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # β ∘ (U + s̃ε)
-            out = dict(full)
-            for n in names:
-                t = full[n]
-                if s_tilde > 0:
-                    eps = torch.randn(t.shape, generator=ctx.generator, dtype=t.dtype)
-                    t = t + s_tilde * eps
-                out[n] = t * cur["masks"][n] if n in cur["masks"] else t
-            return out
+        def draws() -> dict[str, Tensor]:  # ε per parameter, in parameter order
+            if s_tilde > 0:
+                return {EPS + n: torch.randn(params[n].shape, generator=gen) for n in names}
+            return {EPS + n: torch.zeros(params[n].shape) for n in names}
 
-        def kl_term(full: Mapping[str, Tensor], loss: Tensor) -> Tensor:  # + ½Σ_kept‖μ_j‖²/(α|D|)
-            masks = cur["masks"]
-            sq = [((full[n] * masks[n]) if n in masks else full[n]).pow(2).sum() for n in rowed]
-            return loss + kl_coef * 0.5 * torch.stack(sq).sum()
+        def resample(
+            v: int,
+            loss: float,
+            live: Mapping[str, Tensor],
+            frozen: Mapping[str, Tensor],
+            idx: Tensor,
+        ) -> tuple[Params, Params] | None:  # stage one: Algorithm 1, lines 18-24
+            losses.append(loss)
+            if not is_check_point(v, cfg.tau):
+                return None
+            window = losses[v - 2 * cfg.tau + 1 : v + 1]
+            now = track.beta
+            if trend(window, cfg.tau) > 0:
+                nxt = random_pattern(specs, cfg.p, gen, cfg.pattern_scope)
+                track.resamples += 1
+            else:
+                nxt = now
+            track.scores = {
+                s.name: score_update(window, now[s.name], nxt[s.name], track.scores[s.name])
+                for s in specs
+            }
+            track.beta = nxt
+            return {}, masks_of(nxt)
 
-        step = _local.make_step(
-            model,
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            trained = {k: res.live[k].detach() for k in names}
+            beta_end = track.beta
+            sent = entry_masks(specs, beta_end, trained)
+            local_params = {k: t * sent[k] if k in sent else t for k, t in trained.items()}
+            kept_rows = sum(int(b.sum()) for b in beta_end.values())
+            return ClientResult(
+                uplink=encode_upload({k: trained[k] - down[k] for k in trained}, specs, beta_end),
+                state=ClientState({k: v.detach() for k, v in track.scores.items()}),
+                local_params=local_params,
+                num_examples=data.num_examples,
+                metrics={
+                    "train/loss": res.loss,
+                    "fedbiad/kept_fraction": kept_rows / max(1, sum(sp.count for sp in specs)),
+                    "fedbiad/resamples": float(track.resamples),
+                    "fedbiad/s2": s2,
+                    "fedbiad/stage": 1.0 if stage_one else 2.0,
+                },
+            )
+
+        frozen = {
+            **masks_of(beta),
+            S_TILDE: torch.tensor(s_tilde, dtype=torch.float32),
+            KL_COEF: torch.tensor(kl_coef, dtype=torch.float32),
+        }
+        return _jobs.new_job(
+            program_for(model, freeze),
+            u0,
+            data,
             ctx.local,
-            loss_hook=kl_term if cfg.kl and rowed else None,
-            param_map=forward_params,
-            functional=False,
-        )
-        freeze = ctx.local.momentum > 0 or ctx.local.weight_decay > 0
-        live = {k: v.detach().clone() for k, v in u0.items()}
-        bufs = _local.init_bufs(live, ctx.local, None)
-        set_pattern(beta)
-        losses: list[float] = []
-        resamples = 0
-        for v, idx in enumerate(batches):
-            before = {n: live[n].clone() for n in cur["masks"]} if freeze else {}
-            live, bufs, loss = step(live, bufs, {}, data.x[idx], data.y[idx])
-            with torch.no_grad():
-                for n, prev in before.items():  # Eq. 7: dropped rows stay frozen
-                    live[n].copy_(torch.where(cur["masks"][n].bool(), live[n], prev))
-            losses.append(float(loss))
-            if stage_one and is_check_point(v, cfg.tau):
-                window = losses[v - 2 * cfg.tau + 1 : v + 1]
-                if trend(window, cfg.tau) > 0:
-                    nxt = random_pattern(specs, cfg.p, ctx.generator, cfg.pattern_scope)
-                    resamples += 1
-                else:
-                    nxt = beta
-                scores = {
-                    s.name: score_update(window, beta[s.name], nxt[s.name], scores[s.name])
-                    for s in specs
-                }
-                beta = nxt
-                set_pattern(beta)
-        trained = {k: v.detach() for k, v in live.items()}
-        sent = entry_masks(specs, beta, trained)
-        local_params = {k: t * sent[k] if k in sent else t for k, t in trained.items()}
-        kept_rows = sum(int(b.sum()) for b in beta.values())
-        return ClientResult(
-            uplink=encode_upload({k: trained[k] - down[k] for k in trained}, specs, beta),
-            state=ClientState({k: v.detach() for k, v in scores.items()}),
-            local_params=local_params,
-            num_examples=data.num_examples,
-            metrics={
-                "train/loss": sum(losses) / len(losses) if losses else math.nan,
-                "fedbiad/kept_fraction": kept_rows / max(1, sum(s.count for s in specs)),
-                "fedbiad/resamples": float(resamples),
-                "fedbiad/s2": s2,
-                "fedbiad/stage": 1.0 if stage_one else 2.0,
-            },
+            batches,
+            finish,
+            frozen=frozen,
+            draws=draws,
+            after_step=resample if stage_one else None,
+            hook_steps=frozenset(range(len(batches))) if stage_one else frozenset(),
         )
 
     def server_update(
@@ -429,7 +487,8 @@ def make(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: ClientState(),
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=uploaded_model,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,7 +33,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -76,6 +76,42 @@ def decode_kept(decoded: Mapping[str, Tensor]) -> Params:
         out[name] = decoded[name].new_zeros(keep.shape)
         out[name][keep] = decoded[name]
     return out
+
+
+KEPT = "kept."  # a client's full-shape keep masks in its local job
+
+
+def masked_grads(full: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``g ⊙ keep``: the gradient of a client's sub-model (its keep masks from ``full``)."""
+    return {k: g * full[KEPT + k] for k, g in grads.items()}
+
+
+SUBMODEL = _jobs.LocalProgram(grad_hook=masked_grads)  # masked SGD: dropped entries stay 0
+
+
+def submodel_job(
+    down: Mapping[str, Tensor],
+    data: ClientData,
+    ctx: ClientContext,
+    finish: Callable[[_jobs.JobResult, Params, dict[str, Tensor]], ClientResult],
+    *,
+    program: _jobs.LocalProgram = SUBMODEL,
+    extra: Callable[[Params], dict[str, Tensor]] | None = None,
+) -> _jobs.LocalJob:
+    """Masked local SGD on a decoded :func:`encode_kept` downlink, as a job: gradients of the
+    dropped entries are masked (per client: its keep masks ride in ``frozen``), so they stay
+    zero. ``finish(result, sub-model it started from, keep masks)`` makes the client result;
+    ``program`` must mask gradients with :func:`masked_grads`; ``extra(sub)`` adds per-client
+    tensors its hooks read."""
+    sub = decode_kept(down)
+    keep = keep_masks(down)
+    batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
+    frozen = {KEPT + k: m for k, m in keep.items()}
+    if extra is not None:
+        frozen.update(extra(sub))
+    return _jobs.new_job(
+        program, sub, data, ctx.local, batches, lambda res: finish(res, sub, keep), frozen=frozen
+    )
 
 
 def submodel_result(
@@ -218,17 +254,13 @@ def build(cfg: Config) -> FedAlgorithm:
         keep = select_units(state.layers, counts, ctx.seed, ctx.round_, client_id)
         return Payload(encode_kept(state.params, param_masks(state.layers, keep, state.params)))
 
-    def client_update(
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        sub = decode_kept(down)
-        keep = keep_masks(down)
+    ) -> _jobs.LocalJob:
+        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
+            return submodel_result(res.live, sub, keep, data, {"train/loss": res.loss}, "feddrop")
 
-        def hook(params: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
-            return {k: g * keep[k] for k, g in grads.items()}
-
-        res = _local.local_sgd(ctx.model, sub, data, ctx.local, ctx.generator, grad_hook=hook)
-        return submodel_result(res.params, sub, keep, data, {"train/loss": res.loss}, "feddrop")
+        return submodel_job(down, data, ctx, finish)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -247,7 +279,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=uploaded_model,

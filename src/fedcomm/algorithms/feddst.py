@@ -57,7 +57,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _local, _masks
+from fedcomm.algorithms import _jobs, _local, _masks
 from fedcomm.algorithms._masks import Masks
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
@@ -216,11 +216,17 @@ def readjust(
     return new_params, new_masks
 
 
-def _masked(masks: Mapping[str, Tensor]) -> _local.PostStep:
-    def project(live: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {k: torch.where(masks[k], v, 0.0) if k in masks else v for k, v in live.items()}
+MASK = "mask."  # a client's current masks in its job's frozen tensors
 
-    return project
+
+def _masked_post(
+    live: dict[str, Tensor], frozen: Mapping[str, Tensor], before: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """``θ ← θ ⊙ m`` after every step (the masks are per client, read from ``frozen``)."""
+    return {
+        k: torch.where(frozen[MASK + k], v, 0.0) if MASK + k in frozen else v
+        for k, v in live.items()
+    }
 
 
 def readjust_batch(num_batches: int, per_epoch: int, at_epoch: int | None) -> int:
@@ -270,52 +276,70 @@ def make(
             state.params, state.masks, "known" if known else "sent", free_values=free
         )
 
-    def client_update(
+    program = _jobs.LocalProgram(post_step=_masked_post)
+
+    def client_job(
         down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
+    ) -> _jobs.LocalJob:
         params, masks = _masks.decode(down)
         start = masks
         due = adjust is not None and adjust.due(ctx.round_) and data.num_examples > 0
         batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
         per_epoch = math.ceil(data.num_examples / ctx.local.batch_size) if batches else 1
         at = readjust_batch(len(batches), per_epoch, adjust.at_epoch) if due and adjust else -1
-        step = _local.make_step(ctx.model, ctx.local, post_step=_masked(masks), functional=False)
-        live = {k: v.detach().clone() for k, v in params.items()}
-        bufs = _local.init_bufs(live, ctx.local, None)
-        losses: list[Tensor] = []
-        for i, idx in enumerate(batches):
-            xb, yb = data.x[idx], data.y[idx]
-            live, bufs, loss = step(live, bufs, {}, xb, yb)
-            losses.append(loss)
-            if i == at and adjust is not None:
-                layers = layers_of(ctx.model)
-                s_prune = S + (1 - S) * adjust.alpha_at(ctx.round_)
-                grads = ce_grads(ctx.model, live, list(masks), xb, yb)
-                live, masks = readjust(
-                    live,
-                    masks,
-                    grads,
-                    _masks.layer_budgets(layers, s_prune, cfg.distribution),
-                    _masks.layer_budgets(layers, S, cfg.distribution),
-                    adjust.candidates,
-                )
-                step = _local.make_step(
-                    ctx.model, ctx.local, post_step=_masked(masks), functional=False
-                )
-        final = {k: v.detach() for k, v in live.items()}
-        readjusted = at >= 0 and adjust is not None
-        charge: _masks.MaskCharge = adjust.upload_mask if readjusted and adjust else "known"
-        metrics = {"train/loss": float(torch.stack(losses).mean()) if losses else math.nan}
-        if readjusted:
-            metrics[f"{cfg.name}/client_churn"] = _masks.changed(start, masks) / max(
-                1, _masks.count(masks)[1]
+
+        def readjust_now(
+            i: int,
+            loss: float,
+            live: Mapping[str, Tensor],
+            frozen: Mapping[str, Tensor],
+            idx: Tensor,
+        ) -> tuple[Params, Params]:
+            assert adjust is not None
+            current = {k: frozen[MASK + k] for k in masks}
+            layers = layers_of(ctx.model)
+            s_prune = S + (1 - S) * adjust.alpha_at(ctx.round_)
+            grads = ce_grads(ctx.model, live, list(current), data.x[idx], data.y[idx])
+            new_params, new_masks = readjust(
+                live,
+                current,
+                grads,
+                _masks.layer_budgets(layers, s_prune, cfg.distribution),
+                _masks.layer_budgets(layers, S, cfg.distribution),
+                adjust.candidates,
             )
-        return ClientResult(
-            uplink=_masks.encode(final, masks, charge),
-            state=ClientState(_masks.digest(masks)),
-            local_params=final,
-            num_examples=data.num_examples,
-            metrics=metrics,
+            return {k: new_params[k] for k in new_masks}, {
+                MASK + k: m for k, m in new_masks.items()
+            }
+
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            final = {k: v.detach() for k, v in res.live.items()}
+            now = {k: res.frozen[MASK + k] for k in masks}
+            readjusted = at >= 0 and adjust is not None
+            charge: _masks.MaskCharge = adjust.upload_mask if readjusted and adjust else "known"
+            metrics = {"train/loss": res.loss}
+            if readjusted:
+                metrics[f"{cfg.name}/client_churn"] = _masks.changed(start, now) / max(
+                    1, _masks.count(now)[1]
+                )
+            return ClientResult(
+                uplink=_masks.encode(final, now, charge),
+                state=ClientState(_masks.digest(now)),
+                local_params=final,
+                num_examples=data.num_examples,
+                metrics=metrics,
+            )
+
+        return _jobs.new_job(
+            program,
+            params,
+            data,
+            ctx.local,
+            batches,
+            finish,
+            frozen={MASK + k: m for k, m in masks.items()},
+            after_step=readjust_now if at >= 0 else None,
+            hook_steps=frozenset({at}) if at >= 0 else frozenset(),
         )
 
     def server_update(
@@ -350,7 +374,8 @@ def make(
         init_server=init_server,
         init_client=lambda client_id: ClientState(),
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         server_metrics=server_metrics,

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms._grouped import decode_groups, encode_groups
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
@@ -113,23 +113,37 @@ def build(cfg: Config) -> FedAlgorithm:
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
         return encode(*hard_threshold(state.params, state.specs, lam), state.specs)
 
-    def client_update(
+    programs: dict[int, tuple[torch.nn.Module, _jobs.LocalProgram]] = {}
+
+    def program_for(model: torch.nn.Module) -> _jobs.LocalProgram:
+        hit = programs.get(id(model))
+        if hit is None or hit[0] is not model:
+            specs = group_specs(model, cfg.prune_output)
+            hook = group_l1(specs, lam) if lam > 0 else None
+            hit = (model, _jobs.LocalProgram(loss_hook=hook))
+            programs[id(model)] = hit
+        return hit[1]
+
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
+    ) -> _jobs.LocalJob:
         specs = group_specs(ctx.model, cfg.prune_output)
         shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
-        hook = group_l1(specs, lam) if lam > 0 else None
         start = decode(down, shapes, specs)
-        res = _local.local_sgd(ctx.model, start, data, ctx.local, ctx.generator, loss_hook=hook)
-        sparse, keep = hard_threshold(res.params, specs, lam)
-        kept = torch.cat(list(keep.values())).float().mean() if keep else torch.ones(())
-        return ClientResult(
-            uplink=encode(sparse, keep, specs),
-            state=None,
-            local_params=sparse,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss, "fedl1/kept_groups": float(kept)},
-        )
+
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            sparse, keep = hard_threshold(res.live, specs, lam)
+            kept = torch.cat(list(keep.values())).float().mean() if keep else torch.ones(())
+            return ClientResult(
+                uplink=encode(sparse, keep, specs),
+                state=None,
+                local_params=sparse,
+                num_examples=data.num_examples,
+                metrics={"train/loss": res.loss, "fedl1/kept_groups": float(kept)},
+            )
+
+        batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
+        return _jobs.new_job(program_for(ctx.model), start, data, ctx.local, batches, finish)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -146,7 +160,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: hard_threshold(s.params, s.specs, lam)[0],
     )

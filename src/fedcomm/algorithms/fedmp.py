@@ -40,8 +40,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import feddrop
-from fedcomm.algorithms.afd import pattern_entries, submodel_fraction, train_submodel
+from fedcomm.algorithms import _jobs, feddrop
+from fedcomm.algorithms.afd import pattern_entries, submodel_fraction
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -130,18 +130,23 @@ def build(cfg: Config) -> FedAlgorithm:
         pattern = pattern_entries(state.layers, keep, counted=True)  # 1 bit per hidden unit
         return Payload(feddrop.encode_kept(state.params, masks) | pattern)
 
-    def client_update(
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        res, sub, keep = train_submodel(down, data, ctx)
-        delta = feddrop.encode_kept({k: res.params[k] - sub[k] for k in sub}, keep)
-        return ClientResult(
-            uplink=Payload(delta),
-            state=None,
-            local_params=res.params,
-            num_examples=data.num_examples,
-            metrics={"train/loss": res.loss, "fedmp/submodel_fraction": submodel_fraction(keep)},
-        )
+    ) -> _jobs.LocalJob:
+        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
+            delta = feddrop.encode_kept({k: res.live[k] - sub[k] for k in sub}, keep)
+            return ClientResult(
+                uplink=Payload(delta),
+                state=None,
+                local_params=res.live,
+                num_examples=data.num_examples,
+                metrics={
+                    "train/loss": res.loss,
+                    "fedmp/submodel_fraction": submodel_fraction(keep),
+                },
+            )
+
+        return feddrop.submodel_job(down, data, ctx, finish)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -159,7 +164,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=feddrop.uploaded_model,

@@ -37,6 +37,18 @@ def proximal_hook(mu: float) -> _local.GradHookFactory:
     return for_anchor
 
 
+def anchored_proximal(mu: float) -> _local.GradHook:
+    """``grads ↦ grads + μ(w − w_t)`` with ``w_t`` read from ``full[fedavg.ANCHOR + name]``
+    (the batchable form: the anchor is a per-client tensor, not a closure)."""
+
+    def hook(full: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        if mu == 0:
+            return grads
+        return {k: g + mu * (full[k].detach() - full[fedavg.ANCHOR + k]) for k, g in grads.items()}
+
+    return hook
+
+
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    return fedavg.make(cfg, cfg.weighting, grad_hook_for=proximal_hook(cfg.mu))
+    return fedavg.make(cfg, cfg.weighting, anchored_hook=anchored_proximal(cfg.mu))

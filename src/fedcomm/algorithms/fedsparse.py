@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from pydantic import ConfigDict, Field
 from torch import Tensor
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks, scatter_mask
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
@@ -58,6 +58,10 @@ from fedcomm.models.groups import GroupSpec, group_norms, group_sizes, groups
 from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adamax, apply_step
 from fedcomm.types import Params
 
+# per-client tensors of the local step (LocalJob.frozen / live keys)
+GATE, NOISE, THETA, SIZE, ALIVE, KEEP, ANCHOR = (
+    "gate.", "u.", "theta.", "size.", "alive.", "keep.", "anchor."
+)  # fmt: skip
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete (Louizos et al. 2018, the L0 paper)
 L0_SHIFT = -BETA * math.log(-GAMMA / ZETA)  # ≈ 1.599: P(z > 0) = σ(log α + L0_SHIFT)
 
@@ -158,9 +162,59 @@ def make(cfg: Config) -> FedAlgorithm:
             entries[f"v/{s.name}"] = Dense(state.v[s.name][state.alive[s.name]])
         return Payload(entries)
 
-    def client_update(
+    programs: dict[int, tuple[torch.nn.Module, _jobs.LocalProgram]] = {}
+
+    def program_for(model: torch.nn.Module) -> _jobs.LocalProgram:
+        """The local step's program for this structure; every client-specific tensor (θ, |g|,
+        alive and entry masks, w for the drift, the gate noise u) is read from ``full``."""
+        hit = programs.get(id(model))
+        if hit is not None and hit[0] is model:
+            return hit[1]
+        specs = _specs(model, cfg)
+
+        def gates(full: Mapping[str, Tensor], spec: GroupSpec) -> Tensor:  # π_g
+            logits = gate_logits(full, {spec.name: full[GATE + spec.name]}, spec, cfg.T)
+            return torch.sigmoid(logits)
+
+        def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # w_s ⊙ z
+            out = dict(full)
+            for s in specs:
+                if cfg.force_gates_on:
+                    break
+                log_alpha = gate_logits(full, {s.name: full[GATE + s.name]}, s, cfg.T) - shift
+                z = hard_concrete(log_alpha, full[NOISE + s.name]) * full[ALIVE + s.name]
+                for name, axis in s.members:
+                    shape = [1] * full[name].dim()
+                    shape[axis] = s.count
+                    out[name] = out[name] * z.reshape(shape)
+            return out
+
+        def penalties(full: Mapping[str, Tensor], loss: Tensor) -> Tensor:
+            total = loss
+            for s in specs:
+                pi, th = gates(full, s), full[THETA + s.name].clamp(1e-6, 1 - 1e-6)
+                total = total + cfg.lambda0 * (full[SIZE + s.name] * pi).sum()
+                total = total - cfg.ce_scale * (pi * th.log() + (1 - pi) * (1 - th).log()).sum()
+                if cfg.lam:
+                    drift = {n: full[n] - full[ANCHOR + n] for n, _ in s.members}
+                    total = total + 0.5 * cfg.lam * (pi * group_norms(drift, s) ** 2).sum()
+            return total
+
+        def keep_pruned(
+            live: dict[str, Tensor], frozen: Mapping[str, Tensor], before: Mapping[str, Tensor]
+        ) -> dict[str, Tensor]:
+            return {k: t * frozen[KEEP + k] if KEEP + k in frozen else t for k, t in live.items()}
+
+        aux = _local.AuxAdamax(frozenset(GATE + s.name for s in specs), lr=cfg.gate_lr)
+        program = _jobs.LocalProgram(
+            loss_hook=penalties, post_step=keep_pruned, param_map=forward_params, aux=aux
+        )
+        programs[id(model)] = (model, program)
+        return program
+
+    def client_job(
         down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
+    ) -> _jobs.LocalJob:
         specs = _specs(ctx.model, cfg)
         shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
         alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}
@@ -171,74 +225,56 @@ def make(cfg: Config) -> FedAlgorithm:
         }
         theta = thetas(w, v, specs)  # held constant during the round
         keep = entry_masks(specs, alive, w)
-        sizes = {s.name: group_sizes(s, w).float() for s in specs}
-        gate_keys = {s.name: f"gate.{s.name}" for s in specs}
+        frozen: dict[str, Tensor] = {}
+        for s in specs:
+            frozen[THETA + s.name] = theta[s.name]
+            frozen[SIZE + s.name] = group_sizes(s, w).float()
+            frozen[ALIVE + s.name] = alive[s.name].float()
+        frozen.update({KEEP + k: m.to(w[k].dtype) for k, m in keep.items()})
+        if cfg.lam:
+            frozen.update({ANCHOR + k: t for k, t in w.items()})
+        gen = ctx.generator
+        program = program_for(ctx.model)
 
-        def gates(full: Mapping[str, Tensor], spec: GroupSpec) -> Tensor:  # π_g
-            return torch.sigmoid(
-                gate_logits(full, {spec.name: full[gate_keys[spec.name]]}, spec, cfg.T)
+        def draws() -> dict[str, Tensor]:  # the hard-concrete noise u of each group, in order
+            if cfg.force_gates_on:
+                return {}
+            return {
+                NOISE + s.name: torch.rand(s.count, generator=gen).clamp(1e-6, 1 - 1e-6)
+                for s in specs
+            }
+
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            w_s = {k: res.live[k] for k in w}
+            pis = {
+                s.name: torch.sigmoid(
+                    gate_logits(res.live, {s.name: res.live[GATE + s.name]}, s, cfg.T)
+                ).detach()
+                for s in specs
+            }
+            z = {s.name: _sample_z(pis[s.name], gen, cfg) & alive[s.name] for s in specs}
+            sent = entry_masks(specs, z, w_s)
+            uploaded = {k: t * sent[k] if k in sent else t for k, t in w_s.items()}  # z_s ⊙ w_s
+            tv = torch.cat([(pis[s.name] - theta[s.name]).abs()[alive[s.name]] for s in specs])
+            n_alive = sum(int(a.sum()) for a in alive.values())
+            return ClientResult(
+                uplink=Payload(encode_groups(w_s, specs, z, send_masks=True, mask_over=alive)),
+                state=None,
+                local_params=uploaded,
+                num_examples=data.num_examples,
+                metrics={
+                    "train/loss": res.loss,
+                    "fedsparse/tv_mean": float(tv.mean()) if tv.numel() else 0.0,
+                    "fedsparse/tv_max": float(tv.max()) if tv.numel() else 0.0,
+                    "fedsparse/upload_fraction": sum(int(m.sum()) for m in z.values())
+                    / max(1, n_alive),
+                },
             )
 
-        def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # w_s ⊙ z
-            out = dict(full)
-            for s in specs:
-                if cfg.force_gates_on:
-                    break
-                log_alpha = gate_logits(full, {s.name: full[gate_keys[s.name]]}, s, cfg.T) - shift
-                u = torch.rand(s.count, generator=ctx.generator).clamp(1e-6, 1 - 1e-6)
-                z = hard_concrete(log_alpha, u) * alive[s.name]
-                for name, axis in s.members:
-                    shape = [1] * full[name].dim()
-                    shape[axis] = s.count
-                    out[name] = out[name] * z.reshape(shape)
-            return out
-
-        def penalties(full: Mapping[str, Tensor], loss: Tensor) -> Tensor:
-            total = loss
-            for s in specs:
-                pi, th = gates(full, s), theta[s.name].clamp(1e-6, 1 - 1e-6)
-                total = total + cfg.lambda0 * (sizes[s.name] * pi).sum()
-                total = total - cfg.ce_scale * (pi * th.log() + (1 - pi) * (1 - th).log()).sum()
-                if cfg.lam:
-                    drift = group_norms({n: full[n] - w[n] for n, _ in s.members}, s) ** 2
-                    total = total + 0.5 * cfg.lam * (pi * drift).sum()
-            return total
-
-        def keep_pruned(live: dict[str, Tensor]) -> dict[str, Tensor]:
-            return {k: t * keep[k] if k in keep else t for k, t in live.items()}
-
-        start = {**w, **{gate_keys[s.name]: v[s.name] for s in specs}}
-        aux = _local.AuxAdamax(frozenset(gate_keys.values()), lr=cfg.gate_lr)
-        res = _local.local_sgd(
-            ctx.model,
-            start,
-            data,
-            ctx.local,
-            ctx.generator,
-            loss_hook=penalties,
-            post_step=keep_pruned,
-            param_map=forward_params,
-            aux=aux,
-        )
-        w_s = {k: res.params[k] for k in w}
-        pis = {s.name: gates(res.params, s).detach() for s in specs}
-        z = {s.name: _sample_z(pis[s.name], ctx.generator, cfg) & alive[s.name] for s in specs}
-        sent = entry_masks(specs, z, w_s)
-        uploaded = {k: t * sent[k] if k in sent else t for k, t in w_s.items()}  # ŵ_s = z_s ⊙ w_s
-        tv = torch.cat([(pis[s.name] - theta[s.name]).abs()[alive[s.name]] for s in specs])
-        n_alive = sum(int(a.sum()) for a in alive.values())
-        return ClientResult(
-            uplink=Payload(encode_groups(w_s, specs, z, send_masks=True, mask_over=alive)),
-            state=None,
-            local_params=uploaded,
-            num_examples=data.num_examples,
-            metrics={
-                "train/loss": res.loss,
-                "fedsparse/tv_mean": float(tv.mean()) if tv.numel() else 0.0,
-                "fedsparse/tv_max": float(tv.max()) if tv.numel() else 0.0,
-                "fedsparse/upload_fraction": sum(int(m.sum()) for m in z.values())
-                / max(1, n_alive),
-            },
+        start = {**w, **{GATE + s.name: v[s.name] for s in specs}}
+        batches = _local.batch_schedule(data.num_examples, ctx.local, gen)
+        return _jobs.new_job(
+            program, start, data, ctx.local, batches, finish, frozen=frozen, draws=draws
         )
 
     def decode_upload(
@@ -298,7 +334,8 @@ def make(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         server_metrics=server_metrics,

@@ -34,7 +34,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 from torch import Tensor
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -135,11 +135,15 @@ def nested_aggregate(
     return out, covered
 
 
-def _masked(mask: Mapping[str, Tensor]) -> _local.ParamMap:
-    def forward(params: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {k: v * mask[k] if k in mask else v for k, v in params.items()}
+WIDTH = "width."  # the step's width-q slice masks in a client's local job (one per step)
 
-    return forward
+
+def _width_masked(full: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Forward parameters masked to the step's width-``q`` slice (all ones at full width)."""
+    return {k: v * full[WIDTH + k] if WIDTH + k in full else v for k, v in full.items()}
+
+
+PROGRAM = _jobs.LocalProgram(param_map=_width_masked)
 
 
 @register(Config)
@@ -155,32 +159,30 @@ def build(cfg: Config) -> FedAlgorithm:
             encode_kept(state.params, slice_masks(state.layers, cfg.q_max, state.params))
         )
 
-    def client_update(
+    def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
+    ) -> _jobs.LocalJob:
         sub = decode_kept(down)
         keep = keep_masks(down)
         layers = sequential_layers(ctx.model, cfg.name)
-        steps: dict[float, _local.StepFn] = {}
-        for q in allowed_levels(cfg.levels, cfg.q_max):
-            mask = slice_masks(layers, q, sub)
-            full = all(bool(m.all()) for m in mask.values())
-            steps[q] = _local.make_step(
-                ctx.model, ctx.local, param_map=None if full else _masked(mask), functional=False
-            )
+        masks = {
+            q: {WIDTH + k: m.to(sub[k].dtype) for k, m in slice_masks(layers, q, sub).items()}
+            for q in allowed_levels(cfg.levels, cfg.q_max)
+        }
         batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
         widths = sample_widths(cfg.levels, cfg.q_max, len(batches), ctx.generator)
-        live = {k: v.detach().clone() for k, v in sub.items()}
-        bufs = _local.init_bufs(live, ctx.local, None)
-        losses: list[Tensor] = []
-        for idx, q in zip(batches, widths, strict=True):
-            live, bufs, loss = steps[q](live, bufs, {}, data.x[idx], data.y[idx])
-            losses.append(loss)
-        mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
-        params = {k: live[k] for k in sub}
-        mean_width = sum(widths) / len(widths) if widths else float("nan")
-        metrics = {"train/loss": mean_loss, "fjord/mean_width": mean_width}
-        return submodel_result(params, sub, keep, data, metrics, "fjord")
+        upcoming = iter(widths)
+
+        def draws() -> dict[str, Tensor]:  # the step's width (drawn up front, in step order)
+            return masks[next(upcoming)]
+
+        def finish(res: _jobs.JobResult) -> ClientResult:
+            params = {k: res.live[k] for k in sub}
+            mean_width = sum(widths) / len(widths) if widths else float("nan")
+            metrics = {"train/loss": res.loss, "fjord/mean_width": mean_width}
+            return submodel_result(params, sub, keep, data, metrics, "fjord")
+
+        return _jobs.new_job(PROGRAM, sub, data, ctx.local, batches, finish, draws=draws)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -200,7 +202,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=uploaded_model,

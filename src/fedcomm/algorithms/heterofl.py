@@ -42,7 +42,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -60,7 +60,9 @@ from fedcomm.algorithms.feddrop import (
     decode_kept,
     encode_kept,
     keep_masks,
+    masked_grads,
     param_masks,
+    submodel_job,
     submodel_result,
     unit_layers,
     uploaded_model,
@@ -70,6 +72,7 @@ from fedcomm.models.groups import GroupSpec, expand_mask
 from fedcomm.server_opt import OptState, apply_step
 from fedcomm.types import Params
 
+LABELS = "labels."  # a client's label masks of the output layer in its local job
 _EPS = 1e-9  # ceil(0.7·10) must be 7, not 8 (0.7·10 = 7.000000000000001 in floating point)
 
 
@@ -124,15 +127,22 @@ def scaler_map(layers: Sequence[GroupSpec], rate: float) -> _local.ParamMap:
     return forward
 
 
+def label_masks(
+    layers: Sequence[GroupSpec], labels: Tensor, params: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """Bool masks of the output layer's rows (weight and bias) of the labels in ``labels``."""
+    out = next(s for s in layers if s.is_output)
+    present = torch.zeros(out.count, dtype=torch.bool)
+    present[labels.reshape(-1).long().unique()] = True
+    return {k: m.bool() for k, m in expand_mask(out, present, params).items()}
+
+
 def label_mask_map(
     layers: Sequence[GroupSpec], labels: Tensor, params: Mapping[str, Tensor]
 ) -> _local.ParamMap:
     """Forward parameters with the output layer's rows (weight and bias) of every label not in
     ``labels`` set to 0, so those logits are exactly 0 and receive no gradient."""
-    out = next(s for s in layers if s.is_output)
-    present = torch.zeros(out.count, dtype=torch.bool)
-    present[labels.reshape(-1).long().unique()] = True
-    masks = {k: m.bool() for k, m in expand_mask(out, present, params).items()}
+    masks = label_masks(layers, labels, params)
 
     def forward(params: dict[str, Tensor]) -> dict[str, Tensor]:
         return {k: v * masks[k] if k in masks else v for k, v in params.items()}
@@ -168,35 +178,43 @@ def build(cfg: Config) -> FedAlgorithm:
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
         return Payload(encode_kept(state.params, slice_masks(state.layers, cfg.rate, state.params)))
 
-    def client_update(
-        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        sub = decode_kept(down)
-        keep = keep_masks(down)
-        maps: list[_local.ParamMap] = []
-        if cfg.scaler and cfg.rate < 1:
-            maps.append(scaler_map(sequential_layers(ctx.model, cfg.name), cfg.rate))
-        if cfg.mask_labels:
-            maps.append(label_mask_map(sequential_layers(ctx.model, cfg.name), data.y, sub))
+    programs: dict[int, tuple[nn.Module, _jobs.LocalProgram]] = {}
 
-        def param_map(params: dict[str, Tensor]) -> dict[str, Tensor]:
-            for f in maps:
-                params = f(params)
-            return params
+    def program_for(model: nn.Module) -> _jobs.LocalProgram:
+        """Masked SGD on the slice; forward: the scaler, then the client's label masks."""
+        hit = programs.get(id(model))
+        if hit is not None and hit[0] is model:
+            return hit[1]
+        layers = sequential_layers(model, cfg.name)
+        scale = scaler_map(layers, cfg.rate) if cfg.scaler and cfg.rate < 1 else None
 
-        def hook(params: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
-            return {k: g * keep[k] for k, g in grads.items()}
+        def param_map(full: dict[str, Tensor]) -> dict[str, Tensor]:
+            out = scale(full) if scale is not None else full
+            if cfg.mask_labels:
+                out = {k: v * full[LABELS + k] if LABELS + k in full else v for k, v in out.items()}
+            return out
 
-        res = _local.local_sgd(
-            ctx.model,
-            sub,
-            data,
-            ctx.local,
-            ctx.generator,
-            grad_hook=hook,
-            param_map=param_map if maps else None,
+        uses_map = scale is not None or cfg.mask_labels
+        program = _jobs.LocalProgram(
+            grad_hook=masked_grads, param_map=param_map if uses_map else None
         )
-        return submodel_result(res.params, sub, keep, data, {"train/loss": res.loss}, "heterofl")
+        programs[id(model)] = (model, program)
+        return program
+
+    def client_job(
+        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
+    ) -> _jobs.LocalJob:
+        layers = sequential_layers(ctx.model, cfg.name)
+
+        def labels(sub: Params) -> dict[str, Tensor]:
+            if not cfg.mask_labels:
+                return {}
+            return {LABELS + k: m for k, m in label_masks(layers, data.y, sub).items()}
+
+        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
+            return submodel_result(res.live, sub, keep, data, {"train/loss": res.loss}, "heterofl")
+
+        return submodel_job(down, data, ctx, finish, program=program_for(ctx.model), extra=labels)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -215,7 +233,8 @@ def build(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=client_update,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=uploaded_model,

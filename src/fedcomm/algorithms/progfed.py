@@ -344,4 +344,10 @@ def build(cfg: Config) -> FedAlgorithm:
         uploaded_model=lambda down, up: {k: down[k] + up[k] if k in up else down[k] for k in down},
         validate_model=validate_model,
         prepare_model=prepare_model,
+        unbatched=(
+            "local steps run the stage's sub-network with dropout drawn from torch's global "
+            "generator, reseeded per client (the EMNIST ConvNet's), and train a per-round "
+            "subset at a per-round learning rate; a batched step cannot replay per-client "
+            "global-generator draws"
+        ),
     )

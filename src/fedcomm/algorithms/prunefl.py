@@ -440,6 +440,11 @@ def make(cfg: Config) -> FedAlgorithm:
         uploaded_model=uploaded_model,
         validate_model=validate_model,
         warm_start=warm_start,
+        unbatched=(
+            "readjustment rounds upload the dense gradient of each client's last minibatch, "
+            "taken inside that step at that step's weights: a side output of the step that "
+            "the batched executor does not return"
+        ),
     )
 
 

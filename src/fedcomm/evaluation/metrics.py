@@ -175,6 +175,8 @@ def evaluate(
     members = [params] if isinstance(params, Mapping) else list(params)
     if not members:
         raise ValueError("evaluate needs parameters (or at least one ensemble member)")
+    if len(x) == 0:  # e.g. a client without a test split: no mode switches, no passes
+        return EvalResult(0, math.nan, math.nan, dict.fromkeys(topk, math.nan))
     first = members[0]
     device = next(iter(first.values())).device if first else x.device
     n, loss_sum, correct = 0, 0.0, 0

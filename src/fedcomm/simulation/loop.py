@@ -12,8 +12,10 @@ Per round ``r`` (1-based):
    ``server_hook``, if any: SignSGD's majority vote);
 5. evaluate the global model when due; log one batch of metrics; checkpoint when due.
 
-The sequential backend reuses one model object for every client: parameters are passed
-explicitly, never deep-copied into per-client modules.
+Step 3 runs on the configured backend (:mod:`fedcomm.simulation.backends`): ``sequential``
+reuses one model object for every client (parameters passed explicitly, never deep-copied into
+per-client modules); ``vectorized`` trains the cohort as one batched computation. Both hand back
+the clients in cohort order, so the rest of the round is the same code.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from torch import Tensor, nn
 
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import (
-    ClientContext,
     FedAlgorithm,
     RoundContext,
     Uplink,
@@ -48,6 +49,7 @@ from fedcomm.evaluation.metrics import evaluate
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
 from fedcomm.simulation import checkpoint
+from fedcomm.simulation.backends import Backend, RoundInputs
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.types import Params
 
@@ -73,6 +75,8 @@ class LoopConfig:
     eval_batch_size: int = 2048
     topk: int = 1
     checkpoint_every: int = 5
+    backend: str = "sequential"  # "sequential" | "vectorized" (see simulation.backends)
+    chunk_size: int = 128  # vectorized: clients trained as one batch at most
 
 
 @dataclass
@@ -93,6 +97,7 @@ class RunResult:
     ledger: Ledger
     resumed_from: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    backend: str = "sequential"  # the backend that actually ran the clients
 
 
 def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> list[int]:
@@ -150,12 +155,14 @@ def run(
     ledger = Ledger(list(state.ledger_rows))
     cum_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows)
     cum_up_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows if r[2] == "up")
+    backend = Backend(cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size)
 
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
         t_round = time.perf_counter()
         metrics, cum_bits, cum_up_bits = _one_round(
-            cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits, cum_up_bits
-        )
+            cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits, cum_up_bits,
+            backend,
+        )  # fmt: skip
         metrics["time/round_s"] = time.perf_counter() - t_round
         state.round_ = round_
         state.round_rows.append({"round": round_, **metrics})
@@ -173,7 +180,7 @@ def run(
         if os.environ.get(CRASH_ENV) == str(round_):
             os.kill(os.getpid(), signal.SIGKILL)
     final = {k: v.detach().clone() for k, v in algorithm.global_params(state.server).items()}
-    return RunResult(state, final, ledger, resumed_from)
+    return RunResult(state, final, ledger, resumed_from, backend=backend.effective)
 
 
 def _one_round(
@@ -187,6 +194,7 @@ def _one_round(
     round_: int,
     cum_bits: int,
     cum_up_bits: int,
+    backend: Backend,
 ) -> tuple[dict[str, float | None], int, int]:
     rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, model)
     cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
@@ -197,19 +205,24 @@ def _one_round(
     train_s: list[float] = []
     losses: list[tuple[float, int]] = []
     client_metrics: list[Mapping[str, float]] = []
-    for cid in cohort:  # 1. cohort, sorted
-        record: ClientRecord = state.clients.get(cid) or ClientRecord(
-            state=algorithm.init_client(cid), compressor_state=compressor.init()
+
+    def state_of(cid: int) -> Any:
+        record = state.clients.get(cid)
+        return record.state if record is not None else algorithm.init_client(cid)
+
+    turns = backend.turns(  # 1. cohort, sorted; 2. downlink; 3. local work
+        RoundInputs(
+            cohort, algorithm, state_of, state.server, rctx, model, data, cfg.local, cfg.seed
         )
-        down = algorithm.broadcast(state.server, cid, record.state, rctx)  # 2. downlink
+    )
+    for turn in turns:
+        cid, down, decoded_down, result = turn.client_id, turn.down, turn.decoded_down, turn.result
+        record = state.clients.get(cid)
+        comp_in = record.compressor_state if record is not None else compressor.init()
         down_bits += ledger.record(round_, cid, "down", down)
-        gen = torch_generator(cfg.seed, Stream.CLIENT, round_, cid)
-        cctx = ClientContext(round_, cid, model, cfg.local, gen, cfg.seed)
         t0 = time.perf_counter()
-        decoded_down = down.decode()
-        result = algorithm.client_update(decoded_down, record.state, data.train[cid], cctx)  # 3.
-        payload, comp_state = compressor.encode(result.uplink, record.compressor_state, gen, round_)
-        train_s.append(time.perf_counter() - t0)
+        payload, comp_state = compressor.encode(result.uplink, comp_in, turn.generator, round_)
+        train_s.append(turn.seconds + time.perf_counter() - t0)
         up_bits += ledger.record(round_, cid, "up", payload)
         up_dense_bits += bits.dense(numel)  # the dense model
         decoded_up = payload.decode()

@@ -1,0 +1,272 @@
+"""Local training as data: a client's *job* and the *program* it shares with other clients.
+
+An algorithm that builds its local training as a :class:`LocalJob` (``client_job`` in the
+contract) runs on both backends from the same code:
+
+* the sequential backend calls :func:`run_job`: eager autograd, in-place ``_foreach`` updates,
+  one client at a time;
+* the vectorized backend (:mod:`fedcomm.simulation.vectorized`) stacks the jobs of a round that
+  share a :class:`LocalProgram` and tensor shapes, and runs them as one batched computation:
+  ``torch.func.vmap`` over the gradient phase, the same update rule in place on the stacked
+  tensors.
+
+Everything client-specific is a tensor in the job (``live`` trained tensors, ``frozen`` tensors
+the hooks read: anchors, masks, penalties' constants), so the program's hooks are pure functions of
+``full = frozen | live`` and can be vmapped. Randomness a step needs (FedSparse's gate noise,
+FedBIAD's weight noise) is drawn *outside* the step by ``draws()`` from the client's own
+generator, in the order the sequential code draws it, and enters the step as frozen tensors:
+the same seed gives the same draws on both backends. Host-side logic between steps (FedBIAD's
+pattern resampling, FedDST's mid-training readjustment) is ``after_step`` at the listed steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from fedcomm.algorithms._local import (
+    AuxAdamax,
+    GradHook,
+    LocalConfig,
+    LossHook,
+    ParamMap,
+    _adamax,
+    _clipped,
+    cross_entropy,
+    init_bufs,
+    sgd_inplace,
+)
+from fedcomm.algorithms.base import ClientContext, ClientData, ClientResult
+from fedcomm.types import Params
+
+# (live after the update, frozen of the step, live before the step or {}) -> projected live
+JobPostStep = Callable[
+    [dict[str, Tensor], Mapping[str, Tensor], Mapping[str, Tensor]], dict[str, Tensor]
+]
+# (step index, the step's data loss, live, frozen, the step's batch indices)
+#   -> (live updates, frozen updates) or None; called after the listed steps only
+AfterStep = Callable[
+    [int, float, Mapping[str, Tensor], Mapping[str, Tensor], Tensor],
+    tuple[Mapping[str, Tensor], Mapping[str, Tensor]] | None,
+]
+# (live, frozen, xb, yb, per-sample weights or None) -> (model grads, aux grads, data loss)
+GradFn = Callable[
+    [dict[str, Tensor], Mapping[str, Tensor], Tensor, Tensor, Tensor | None],
+    tuple[dict[str, Tensor], dict[str, Tensor], Tensor],
+]
+
+
+@dataclass(frozen=True, eq=False)
+class LocalProgram:
+    """The step rule: what clients training together must share (compared by identity).
+
+    Build it once per algorithm (or per structure), never per client. Hooks read per-client
+    tensors from their arguments, never from closures over one client's state.
+    """
+
+    loss_hook: LossHook | None = None  # (full, data loss) -> objective
+    grad_hook: GradHook | None = None  # (full, grads) -> grads
+    post_step: JobPostStep | None = None  # projection after the update (masks)
+    post_reads_old: bool = False  # post_step needs the live tensors from before the step
+    param_map: ParamMap | None = None  # full -> forward parameters (w ⊙ z, noise)
+    aux: AuxAdamax | None = None  # auxiliary tensors with their own Adamax
+    skip_loss: float | None = None  # a step whose data loss is >= this is not taken
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A finished job: the trained tensors, the final frozen tensors and optimizer state."""
+
+    live: Params
+    frozen: Params
+    bufs: Params
+    loss: float  # mean data loss over the steps (skipped ones included); NaN without steps
+    steps: int
+
+
+@dataclass
+class LocalJob:
+    """One client's local training, ready to run on either backend."""
+
+    program: LocalProgram
+    live: dict[str, Tensor]  # trained tensors at the start (read-only: executors copy them)
+    frozen: dict[str, Tensor]  # per-client tensors read by the hooks (constant unless updated)
+    bufs: dict[str, Tensor]  # optimizer state (``_local.init_bufs``); read-only like ``live``
+    data: ClientData
+    batches: list[Tensor]  # index batches, already drawn from the client's generator
+    finish: Callable[[JobResult], ClientResult]
+    draws: Callable[[], dict[str, Tensor]] | None = None  # per-step random tensors, in order
+    after_step: AfterStep | None = None
+    hook_steps: frozenset[int] = field(default_factory=frozenset)
+
+
+def new_job(
+    program: LocalProgram,
+    start: Mapping[str, Tensor],
+    data: ClientData,
+    cfg: LocalConfig,
+    batches: list[Tensor],
+    finish: Callable[[JobResult], ClientResult],
+    *,
+    frozen: Mapping[str, Tensor] | None = None,
+    bufs: Mapping[str, Tensor] | None = None,
+    draws: Callable[[], dict[str, Tensor]] | None = None,
+    after_step: AfterStep | None = None,
+    hook_steps: frozenset[int] = frozenset(),
+) -> LocalJob:
+    """A job training from ``start`` (never modified: executors train copies); ``bufs`` (e.g.
+    carried momentum) override fresh optimizer state where the keys match."""
+    live = {k: v.detach() for k, v in start.items()}
+    state = init_bufs(live, cfg, program.aux)
+    if bufs is not None:
+        state.update({k: v.detach().clone() for k, v in bufs.items() if k in state})
+    return LocalJob(
+        program,
+        live,
+        dict(frozen or {}),
+        state,
+        data,
+        batches,
+        finish,
+        draws,
+        after_step,
+        hook_steps,
+    )
+
+
+def weighted_cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
+    """``Σ_i w_i · CE_i`` with ``CE_i`` the sample's mean over its tokens; with ``w = 1/n`` on
+    the ``n`` real samples and 0 on padding this is :func:`cross_entropy` of the real batch."""
+    per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+    return (per.reshape(y.shape[0], -1).mean(1) * w).sum()
+
+
+def grad_fn(
+    model: nn.Module, program: LocalProgram, cfg: LocalConfig, *, functional: bool
+) -> GradFn:
+    """The gradient phase of a step: data loss, hooks, model-gradient clipping.
+
+    ``functional=True`` is the form vmapped over clients (:func:`torch.func.grad`), ``False`` the
+    eager form of the sequential backend (:func:`torch.autograd.grad`).
+    """
+    names = frozenset(n for n, _ in model.named_parameters())
+    aux_keys = program.aux.keys if program.aux is not None else frozenset()
+
+    def objective(
+        live: dict[str, Tensor],
+        frozen: Mapping[str, Tensor],
+        xb: Tensor,
+        yb: Tensor,
+        wb: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        full = {**frozen, **live}
+        forward = program.param_map(full) if program.param_map is not None else full
+        forward = {k: v for k, v in forward.items() if k in names}
+        logits = functional_call(model, forward, (xb,))
+        loss = cross_entropy(logits, yb) if wb is None else weighted_cross_entropy(logits, yb, wb)
+        total = loss if program.loss_hook is None else program.loss_hook(full, loss)
+        return total, loss
+
+    def raw(
+        live: dict[str, Tensor],
+        frozen: Mapping[str, Tensor],
+        xb: Tensor,
+        yb: Tensor,
+        wb: Tensor | None,
+    ) -> tuple[dict[str, Tensor], Tensor]:
+        if functional:
+            grads, loss = torch.func.grad(objective, has_aux=True)(live, frozen, xb, yb, wb)
+            return grads, loss
+        leaves = {k: v.detach().requires_grad_(True) for k, v in live.items()}
+        total, loss = objective(leaves, frozen, xb, yb, wb)
+        g = torch.autograd.grad(total, list(leaves.values()))
+        return dict(zip(leaves, g, strict=True)), loss
+
+    def phase(
+        live: dict[str, Tensor],
+        frozen: Mapping[str, Tensor],
+        xb: Tensor,
+        yb: Tensor,
+        wb: Tensor | None,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+        grads, loss = raw(live, frozen, xb, yb, wb)
+        if program.grad_hook is not None:
+            grads = program.grad_hook({**frozen, **live}, grads)
+        aux_grads = {k: grads.pop(k) for k in aux_keys}
+        return _clipped(grads, cfg), aux_grads, loss.detach()
+
+    return phase
+
+
+@torch.no_grad()
+def apply_update(
+    live: dict[str, Tensor],
+    bufs: dict[str, Tensor],
+    grads: Mapping[str, Tensor],
+    aux_grads: Mapping[str, Tensor],
+    cfg: LocalConfig,
+    aux: AuxAdamax | None,
+) -> None:
+    """The update of :func:`fedcomm.algorithms._local.make_step` on (clipped) gradients, in place
+    on ``live`` and ``bufs``: ``g ← g + wd·w; b ← μb + g; w ← w − lr·b`` for the model tensors,
+    Adamax for ``aux``'s. Elementwise, so the same call serves one client or a stacked chunk
+    (Adamax's step count then has one entry per client)."""
+    sgd_inplace(live, bufs, grads, cfg)
+    if aux is not None and aux_grads:
+        new_live, new_bufs = _adamax({k: live[k] for k in aux_grads}, dict(aux_grads), bufs, aux)
+        live.update(new_live)
+        bufs.update(new_bufs)
+
+
+def run_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> ClientResult:
+    """Run one job on the sequential backend and finish it."""
+    return job.finish(train_job(job, model, cfg))
+
+
+def train_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> JobResult:
+    """The sequential executor: one step after the other, eager autograd, in-place updates."""
+    program = job.program
+    phase = grad_fn(model, program, cfg, functional=False)
+    live = {k: v.clone() for k, v in job.live.items()}
+    bufs = {k: v.clone() for k, v in job.bufs.items()}
+    frozen = job.frozen
+    losses: list[Tensor] = []
+    for i, idx in enumerate(job.batches):
+        step_frozen = {**frozen, **job.draws()} if job.draws is not None else frozen
+        grads, aux_grads, loss = phase(live, step_frozen, job.data.x[idx], job.data.y[idx], None)
+        losses.append(loss)
+        if program.skip_loss is None or float(loss) < program.skip_loss:
+            before = {k: v.clone() for k, v in live.items()} if program.post_reads_old else {}
+            apply_update(live, bufs, grads, aux_grads, cfg, program.aux)
+            if program.post_step is not None:
+                live = program.post_step(live, step_frozen, before)
+        if job.after_step is not None and i in job.hook_steps:
+            updates = job.after_step(i, float(loss), live, frozen, idx)
+            if updates is not None:
+                live = {**live, **{k: v.clone() for k, v in updates[0].items()}}
+                frozen = {**frozen, **updates[1]}
+    mean = float(torch.stack(losses).mean()) if losses else float("nan")
+    return JobResult(live, frozen, bufs, mean, len(losses))
+
+
+ClientJob = Callable[[Mapping[str, Tensor], Any, ClientData, ClientContext], LocalJob]
+
+
+def job_client_update(
+    client_job: ClientJob,
+) -> Callable[[Mapping[str, Tensor], Any, ClientData, ClientContext], ClientResult]:
+    """``client_update`` of an algorithm defined by its ``client_job``: the job run sequentially
+    on the context's model."""
+
+    def client_update(
+        down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
+    ) -> ClientResult:
+        return run_job(client_job(down, cstate, data, ctx), ctx.model, ctx.local)
+
+    return client_update

@@ -1,0 +1,185 @@
+"""Backends: how step 3 of the round loop (every sampled client's local work) runs.
+
+* ``sequential`` (the reference): client after client, broadcast -> decode -> ``client_update``
+  on the one reused model structure;
+* ``vectorized``: every client's broadcast is decoded and turned into a local-training job
+  (``client_job``), the jobs train together in chunks of ``chunk_size`` clients
+  (:mod:`fedcomm.simulation.vectorized`), then each job is finished in cohort order.
+
+Both yield one :class:`Turn` per client in cohort order; the loop then encodes, accounts and
+evaluates exactly as before, so ledgers, generators' streams and metrics line up. An algorithm
+without ``client_job`` (or a model whose step cannot be vmapped) runs sequentially on the
+vectorized backend, and the run's log says so once, with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from fedcomm.algorithms._jobs import LocalProgram, grad_fn
+from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.base import ClientContext, ClientResult, FedAlgorithm, RoundContext
+from fedcomm.comm.payload import Payload
+from fedcomm.seeding import Stream, torch_generator
+from fedcomm.simulation import allocator, vectorized
+from fedcomm.simulation.data import FederatedTensors
+
+log = logging.getLogger("fedcomm.backend")
+
+BackendName = Literal["sequential", "vectorized"]
+BACKENDS: tuple[str, ...] = ("sequential", "vectorized")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One client's part of a round, up to its (not yet encoded) uplink."""
+
+    client_id: int
+    down: Payload
+    decoded_down: Mapping[str, Tensor]
+    generator: torch.Generator  # the client's (seed, CLIENT, round, client) stream, as left
+    result: ClientResult
+    seconds: float  # decode + local work (its share of a batched chunk on the vectorized backend)
+
+
+StateOf = Callable[[int], Any]  # client id -> its algorithm state (the store's or a fresh one)
+
+
+class Backend:
+    """The chosen backend for one run; ``effective`` says what actually runs."""
+
+    def __init__(
+        self,
+        name: str,
+        algorithm: FedAlgorithm,
+        model: nn.Module,
+        data: FederatedTensors,
+        local: LocalConfig,
+        chunk_size: int,
+    ) -> None:
+        if name not in BACKENDS:
+            raise ValueError(f"train.backend: {name!r} is not one of {list(BACKENDS)}")
+        self.name = name
+        self.chunk_size = chunk_size
+        allocator.tune()
+        self.fallback: str | None = None
+        if name == "vectorized":
+            self.fallback = unbatched_reason(algorithm, model, data, local)
+            if self.fallback is not None:
+                log.warning(
+                    "backend vectorized: %s runs sequentially: %s", algorithm.name, self.fallback
+                )
+        self.effective = "sequential" if name == "sequential" or self.fallback else "vectorized"
+
+    def turns(self, r: RoundInputs) -> Iterator[Turn]:
+        """The round's clients, in cohort order, up to their (not yet encoded) uplinks."""
+        if self.effective == "sequential":
+            return _sequential(r)
+        return _vectorized(r, self.chunk_size)
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What step 3 of a round needs: the cohort and everything its clients read."""
+
+    cohort: Sequence[int]
+    algorithm: FedAlgorithm
+    state_of: StateOf
+    server: Any  # the server state (fixed during the round)
+    rctx: RoundContext
+    model: nn.Module
+    data: FederatedTensors
+    local: LocalConfig
+    seed: int
+
+    def start(self, cid: int) -> tuple[Any, Payload, ClientContext]:
+        """Client ``cid``'s state, its downlink and its context (generator ``(seed, CLIENT,
+        round, cid)``)."""
+        cstate = self.state_of(cid)
+        down = self.algorithm.broadcast(self.server, cid, cstate, self.rctx)
+        gen = torch_generator(self.seed, Stream.CLIENT, self.rctx.round_, cid)
+        return (
+            cstate,
+            down,
+            ClientContext(self.rctx.round_, cid, self.model, self.local, gen, self.seed),
+        )
+
+
+def _sequential(r: RoundInputs) -> Iterator[Turn]:
+    for cid in r.cohort:
+        cstate, down, cctx = r.start(cid)
+        t0 = time.perf_counter()
+        decoded = down.decode()
+        result = r.algorithm.client_update(decoded, cstate, r.data.train[cid], cctx)
+        yield Turn(cid, down, decoded, cctx.generator, result, time.perf_counter() - t0)
+
+
+def _vectorized(r: RoundInputs, chunk_size: int) -> Iterator[Turn]:
+    client_job = r.algorithm.client_job
+    assert client_job is not None
+    prepared = []
+    for cid in r.cohort:  # every broadcast and job first (the server state is fixed in a round)
+        cstate, down, cctx = r.start(cid)
+        t0 = time.perf_counter()
+        decoded = down.decode()
+        job = client_job(decoded, cstate, r.data.train[cid], cctx)
+        prepared.append((cid, down, decoded, cctx, job, time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    trained = vectorized.train_jobs([p[4] for p in prepared], r.model, r.local, chunk_size)
+    share = (time.perf_counter() - t0) / max(1, len(prepared))
+    for (cid, down, decoded, cctx, job, prep_s), res in zip(prepared, trained, strict=True):
+        t0 = time.perf_counter()
+        result = job.finish(res)
+        seconds = prep_s + share + time.perf_counter() - t0
+        yield Turn(cid, down, decoded, cctx.generator, result, seconds)
+
+
+def unbatched_reason(
+    algorithm: FedAlgorithm, model: nn.Module, data: FederatedTensors, local: LocalConfig
+) -> str | None:
+    """Why this run's clients cannot train as one batch (None: they can)."""
+    if algorithm.client_job is None:
+        return algorithm.unbatched or "it has no batched form (no client_job)"
+    return model_unbatched_reason(model, data, local)
+
+
+def model_unbatched_reason(
+    model: nn.Module, data: FederatedTensors, local: LocalConfig
+) -> str | None:
+    """Probe: one vmapped gradient over two copies of the model on one real example."""
+    if any(True for _ in model.buffers()):
+        names = sorted(n for n, _ in model.named_buffers())
+        return f"the model has buffers ({', '.join(names[:3])}) that a batched step cannot carry"
+    source = next((d for d in data.train if d.num_examples), None)
+    if source is None:
+        return None
+    params = {k: torch.stack([v.detach(), v.detach()]) for k, v in model.named_parameters()}
+    x = torch.stack([source.x[:1], source.x[:1]])
+    y = torch.stack([source.y[:1], source.y[:1]])
+    phase = grad_fn(model, LocalProgram(), local, functional=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.func.vmap(phase, in_dims=(0, 0, 0, 0, None))(params, {}, x, y, None)
+    except Exception as err:  # any failure means: not batchable; say why
+        text = str(err).strip()
+        if "random operation" in text:
+            return (
+                "its model draws random numbers in the forward pass (dropout): a batched step "
+                "cannot replay each client's draws"
+            )
+        first = text.splitlines()[0] if text else type(err).__name__
+        return f"its model's step does not vmap ({type(err).__name__}: {first[:160]})"
+    slow = [str(w.message) for w in caught if "batching rule" in str(w.message)]
+    if slow:  # vmap would run a per-client loop in place of a batched kernel
+        op = slow[0].split("batching rule for ")[-1].split(".")[0]
+        return f"torch has no batching rule for {op} in its model (vmap would loop over clients)"
+    return None

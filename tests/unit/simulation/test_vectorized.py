@@ -1,0 +1,109 @@
+"""Pieces of the vectorized backend: chunking, padding, the batchability probe, allocator."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from fedcomm.algorithms import _jobs, _local
+from fedcomm.algorithms.base import ClientData
+from fedcomm.models import build_model
+from fedcomm.simulation import allocator, vectorized
+from fedcomm.simulation.backends import model_unbatched_reason
+from fedcomm.simulation.data import FederatedTensors
+
+
+def _fed(x: torch.Tensor, y: torch.Tensor) -> FederatedTensors:
+    d = ClientData(x, y)
+    return FederatedTensors((d,), (d,), d, 10, tuple(x.shape[1:]))
+
+
+def test_chunks_sort_by_steps_and_balance_sizes() -> None:
+    steps = [5, 1, 3, 1, 2, 4, 6]
+    out = vectorized.chunks(range(7), steps, chunk_size=3)
+    assert [len(c) for c in out] == [3, 3, 1]  # ceil(7/3) = 3 chunks of at most 3
+    assert [steps[i] for c in out for i in c] == sorted(steps)
+    assert vectorized.chunks(range(4), [1] * 4, chunk_size=3) == [[0, 1], [2, 3]]
+    assert vectorized.chunks([], [], chunk_size=8) == []
+
+
+def test_weighted_cross_entropy_of_a_padded_batch_is_the_mean_of_the_real_rows() -> None:
+    torch.manual_seed(0)
+    logits, y = torch.randn(5, 4), torch.randint(0, 4, (5,))
+    w = torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])
+    torch.testing.assert_close(
+        _jobs.weighted_cross_entropy(logits, y, w), _local.cross_entropy(logits[:3], y[:3])
+    )
+    seq_logits, seq_y = torch.randn(3, 7, 4), torch.randint(0, 4, (3, 7))  # (B, T, V) tokens
+    w = torch.tensor([0.5, 0.5, 0.0])
+    torch.testing.assert_close(
+        _jobs.weighted_cross_entropy(seq_logits, seq_y, w),
+        _local.cross_entropy(seq_logits[:2], seq_y[:2]),
+    )
+
+
+def test_batches_pad_short_clients_with_zero_weight() -> None:
+    def job(n: int, batches: list[torch.Tensor]) -> _jobs.LocalJob:
+        data = ClientData(
+            torch.arange(n, dtype=torch.float32).reshape(n, 1) + 100 * n, torch.zeros(n)
+        )
+        return _jobs.new_job(
+            _jobs.LocalProgram(),
+            {},
+            data,
+            _local.LocalConfig(),
+            batches,
+            lambda r: None,  # type: ignore[arg-type, return-value]
+        )
+
+    chunk = [job(3, [torch.tensor([2, 0, 1])]), job(2, [torch.tensor([1])])]
+    xb, yb, wb = vectorized._Batches(chunk).step(0, [3, 1], 3, True)
+    assert xb.shape == (2, 3, 1) and yb.shape == (2, 3)
+    assert xb[0, :, 0].tolist() == [302, 300, 301]
+    assert xb[1, 0, 0].item() == 201  # the second client's own row 1
+    torch.testing.assert_close(wb, torch.tensor([[1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0]]))
+
+
+class _Dropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc(x.flatten(1)))
+
+
+def test_probe_accepts_plain_models_and_names_what_it_refuses() -> None:
+    images = _fed(torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,)))
+    local = _local.LocalConfig()
+    for name, kw in [("mlp", {"hidden": [8]}), ("cnn", {}), ("resnet20", {})]:
+        model = build_model(name, input_shape=(1, 28, 28), num_classes=10, **kw)
+        assert model_unbatched_reason(model, images, local) is None, name
+    reason = model_unbatched_reason(_Dropout(), images, local)
+    assert reason is not None and "dropout" in reason
+    text = _fed(torch.randint(0, 80, (4, 12)), torch.randint(0, 80, (4, 12)))
+    lstm = build_model("lstm", input_shape=(12,), num_classes=80)
+    reason = model_unbatched_reason(lstm, text, local)
+    assert reason is not None and "no batching rule" in reason and "rnn" in reason
+
+
+@pytest.mark.parametrize(("env", "expected"), [("1", "True"), ("0", "False")])
+def test_allocator_tuning_applies_on_linux_unless_turned_off(env: str, expected: str) -> None:
+    code = "from fedcomm.simulation import allocator; print(allocator.tune(), allocator.tune())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, allocator.ENV: env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if sys.platform.startswith("linux"):
+        assert out == [expected, expected]  # decided once per process
+    else:
+        assert out == ["False", "False"]
