@@ -30,6 +30,18 @@ def entry_masks(
     return out
 
 
+def member_axes(specs: Sequence[GroupSpec]) -> dict[str, tuple[GroupSpec, int]]:
+    """For each grouped parameter, the spec and axis whose mask applies to it (the last spec
+    listing it, as in :func:`entry_masks`)."""
+    return {name: (spec, axis) for spec in specs for name, axis in spec.members}
+
+
+def _kept(group_masks: Mapping[str, Tensor], spec: GroupSpec) -> Tensor | None:
+    """Indices of the kept groups; None when every group is kept."""
+    bits = group_masks[spec.name].bool()
+    return None if bool(bits.all()) else bits.nonzero().flatten()
+
+
 def encode_groups(
     params: Mapping[str, Tensor],
     specs: Sequence[GroupSpec],
@@ -44,11 +56,15 @@ def encode_groups(
     ``mask_over`` restricts the sent mask bits to the groups where it is true (e.g. only the
     surviving groups, when the receiver knows the rest are pruned).
     """
-    masks = entry_masks(specs, group_masks, params)
+    axes = member_axes(specs)
     entries: dict[str, Entry] = {}
     for name, t in params.items():
-        values = t.detach()[masks[name]] if name in masks else t.detach()  # (kept,)
-        entries[f"w/{name}"] = Dense(values)
+        values = t.detach()
+        if name in axes:  # the kept slices along the group axis, row-major (= t[entry mask])
+            spec, axis = axes[name]
+            idx = _kept(group_masks, spec)
+            values = (values if idx is None else values.index_select(axis, idx)).reshape(-1)
+        entries[f"w/{name}"] = Dense(values)  # (kept,) or the whole ungrouped tensor
     if send_masks:
         for spec in specs:
             bits = group_masks[spec.name].bool()
@@ -68,16 +84,18 @@ def decode_groups(
 
     ``shapes`` gives each parameter's shape and dtype (e.g. the receiver's own copy).
     """
-    masks = entry_masks(specs, group_masks, shapes)
+    axes = member_axes(specs)
     out: Params = {}
     for name, ref in shapes.items():
         values = decoded[f"w/{name}"]
-        if name not in masks:
+        idx = _kept(group_masks, axes[name][0]) if name in axes else None
+        if idx is None:  # ungrouped, or every group kept
             out[name] = values.reshape(ref.shape)
             continue
-        full = torch.zeros_like(ref)
-        full[masks[name]] = values
-        out[name] = full
+        axis = axes[name][1]
+        sel = list(ref.shape)
+        sel[axis] = idx.numel()
+        out[name] = torch.zeros_like(ref).index_copy_(axis, idx, values.reshape(sel))
     return out
 
 

@@ -329,7 +329,7 @@ def make(cfg: Config) -> FedAlgorithm:
         def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # β ∘ (U + s̃ε)
             out = dict(full)
             for n in names:
-                t = full[n] + full[S_TILDE] * full[EPS + n]
+                t = torch.addcmul(full[n], full[S_TILDE], full[EPS + n])  # one pass, fused
                 out[n] = t * full[ROW + n] if ROW + n in full else t
             return out
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -216,6 +216,15 @@ def readjust(
     return new_params, new_masks
 
 
+@dataclass
+class _Sent:
+    """The downlinks already encoded for one server state (they are the same for every client
+    with the same mask knowledge)."""
+
+    state: ServerState | None = None
+    payloads: dict[tuple[str, bool], Payload] = field(default_factory=dict)
+
+
 MASK = "mask."  # a client's current masks in its job's frozen tensors
 
 
@@ -272,9 +281,15 @@ def make(
     ) -> Payload:
         known = (cstate.mask_digest or state.ones_digest) == state.digest
         free = cfg.free_initial_download and ctx.round_ == 1
-        return _masks.encode(
-            state.params, state.masks, "known" if known else "sent", free_values=free
-        )
+        charge: _masks.MaskCharge = "known" if known else "sent"
+        if sent.state is not state:  # one encoding per server state and kind, not per client
+            sent.state, sent.payloads = state, {}
+        if (charge, free) not in sent.payloads:
+            payload = _masks.encode(state.params, state.masks, charge, free_values=free)
+            sent.payloads[(charge, free)] = payload
+        return sent.payloads[(charge, free)]
+
+    sent = _Sent()
 
     program = _jobs.LocalProgram(post_step=_masked_post)
 

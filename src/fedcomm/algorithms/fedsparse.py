@@ -41,7 +41,13 @@ from pydantic import ConfigDict, Field
 from torch import Tensor
 
 from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks, scatter_mask
+from fedcomm.algorithms._grouped import (
+    decode_groups,
+    encode_groups,
+    entry_masks,
+    member_axes,
+    scatter_mask,
+)
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -54,14 +60,18 @@ from fedcomm.algorithms.base import (
     register,
 )
 from fedcomm.comm.payload import Dense, Payload
-from fedcomm.models.groups import GroupSpec, group_norms, group_sizes, groups
+from fedcomm.models.groups import (
+    GroupSpec,
+    group_norms,
+    group_norms_detached,
+    group_sizes,
+    groups,
+)
 from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adamax, apply_step
 from fedcomm.types import Params
 
 # per-client tensors of the local step (LocalJob.frozen / live keys)
-GATE, NOISE, THETA, SIZE, ALIVE, KEEP, ANCHOR = (
-    "gate.", "u.", "theta.", "size.", "alive.", "keep.", "anchor."
-)  # fmt: skip
+GATE, NOISE, THETA, SIZE, ALIVE, ANCHOR = "gate.", "u.", "theta.", "size.", "alive.", "anchor."
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete (Louizos et al. 2018, the L0 paper)
 L0_SHIFT = -BETA * math.log(-GAMMA / ZETA)  # ≈ 1.599: P(z > 0) = σ(log α + L0_SHIFT)
 
@@ -108,7 +118,7 @@ def gate_logits(
     params: Mapping[str, Tensor], v: Mapping[str, Tensor], spec: GroupSpec, T: float
 ) -> Tensor:
     """``(‖w_g‖ − softplus(v_g)) / T`` with the norm detached: logit θ (or logit π)."""
-    return (group_norms(params, spec).detach() - F.softplus(v[spec.name])) / T  # (count,)
+    return (group_norms_detached(params, spec) - F.softplus(v[spec.name])) / T  # (count,)
 
 
 def hard_concrete(log_alpha: Tensor, u: Tensor) -> Tensor:
@@ -163,6 +173,16 @@ def make(cfg: Config) -> FedAlgorithm:
         return Payload(entries)
 
     programs: dict[int, tuple[torch.nn.Module, _jobs.LocalProgram]] = {}
+    structures: dict[int, tuple[torch.nn.Module, tuple[GroupSpec, ...], Params]] = {}
+
+    def structure(model: torch.nn.Module) -> tuple[tuple[GroupSpec, ...], Params]:
+        """The model's groups and parameter shapes (looked up once per model, not per client)."""
+        hit = structures.get(id(model))
+        if hit is None or hit[0] is not model:
+            shapes = {k: p.detach() for k, p in model.named_parameters()}
+            hit = (model, _specs(model, cfg), shapes)
+            structures[id(model)] = hit
+        return hit[1], hit[2]
 
     def program_for(model: torch.nn.Module) -> _jobs.LocalProgram:
         """The local step's program for this structure; every client-specific tensor (θ, |g|,
@@ -200,10 +220,17 @@ def make(cfg: Config) -> FedAlgorithm:
                     total = total + 0.5 * cfg.lam * (pi * group_norms(drift, s) ** 2).sum()
             return total
 
+        axes = member_axes(specs)
+
         def keep_pruned(
             live: dict[str, Tensor], frozen: Mapping[str, Tensor], before: Mapping[str, Tensor]
-        ) -> dict[str, Tensor]:
-            return {k: t * frozen[KEEP + k] if KEEP + k in frozen else t for k, t in live.items()}
+        ) -> dict[str, Tensor]:  # pruned groups stay 0: w ⊙ alive, broadcast along the axis
+            out = dict(live)
+            for name, (spec, axis) in axes.items():
+                shape = [1] * live[name].dim()
+                shape[axis] = spec.count
+                out[name] = live[name] * frozen[ALIVE + spec.name].reshape(shape)
+            return out
 
         aux = _local.AuxAdamax(frozenset(GATE + s.name for s in specs), lr=cfg.gate_lr)
         program = _jobs.LocalProgram(
@@ -215,8 +242,7 @@ def make(cfg: Config) -> FedAlgorithm:
     def client_job(
         down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
     ) -> _jobs.LocalJob:
-        specs = _specs(ctx.model, cfg)
-        shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
+        specs, shapes = structure(ctx.model)
         alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}
         w = decode_groups(down, shapes, specs, alive)
         v = {
@@ -224,13 +250,11 @@ def make(cfg: Config) -> FedAlgorithm:
             for s in specs
         }
         theta = thetas(w, v, specs)  # held constant during the round
-        keep = entry_masks(specs, alive, w)
         frozen: dict[str, Tensor] = {}
         for s in specs:
             frozen[THETA + s.name] = theta[s.name]
             frozen[SIZE + s.name] = group_sizes(s, w).float()
             frozen[ALIVE + s.name] = alive[s.name].float()
-        frozen.update({KEEP + k: m.to(w[k].dtype) for k, m in keep.items()})
         if cfg.lam:
             frozen.update({ANCHOR + k: t for k, t in w.items()})
         gen = ctx.generator
