@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv repro reproduce test test-fast lint typecheck check bench clean
+.PHONY: help venv repro reproduce test test-fast lint typecheck check bench bench-backends clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ check: lint typecheck test-fast  ## lint, types, fast tests
 
 bench: $(STAMP)  ## speed benchmark (FedAvg, MNIST MLP, 1000 clients): s/round and peak memory
 	$(BIN)/python benchmarks/fedavg_mnist.py
+
+bench-backends: $(STAMP)  ## backends vs a plain loop vs the FLOP bound (W1 MLP, W2 CNN on MNIST)
+	$(BIN)/python benchmarks/backends.py
 
 clean:  ## remove the virtualenv and caches (not results)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

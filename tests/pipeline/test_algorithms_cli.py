@@ -231,3 +231,42 @@ def test_progfed_with_lq_and_sp_uplinks_runs_from_params(project: Path) -> None:
     ):
         assert key in found.data.metrics, key
     assert "All traffic vs dense end-to-end" in (project / "reports" / "summary.md").read_text()
+
+
+def test_vectorized_backend_from_params_matches_sequential_and_is_tagged(
+    project: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``train.backend: vectorized`` through `fedcomm train`: the same final accuracy as the
+    sequential run of the same params (within float tolerance), the backend that ran as an
+    MLflow tag, and ProgFed's fallback to sequential named in the log and the tag."""
+    import logging
+
+    import polars as pl
+
+    algorithms = {"feddst": {"name": "feddst", "readjust_every": 1}, "progfed": {"name": "progfed"}}
+    finals: dict[str, dict[str, float]] = {}
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    cli = CliRunner()
+    for backend in ("sequential", "vectorized"):
+        raw = tiny_params(**{"experiment.runs": list(algorithms), "train.rounds": 4})
+        raw["algorithms"] = algorithms
+        raw["train"]["backend"] = backend
+        raw["tracking"]["experiment"] = f"tests-{backend}"
+        (project / "params.yaml").write_text(yaml.safe_dump(raw))
+        assert cli.invoke(app, ["partition"]).exit_code == 0
+        for run in algorithms:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="fedcomm.backend"):
+                res = cli.invoke(app, ["train", "--run", run, "--no-resume"])
+            assert res.exit_code == 0, (run, res.output, res.exception)
+            rounds = pl.read_parquet(project / "runs" / f"{run}-s0" / "train" / "rounds.parquet")
+            finals.setdefault(run, {})[backend] = float(rounds["global/accuracy"][-1])
+            exp = client.get_experiment_by_name(f"tests-{backend}")
+            assert exp is not None
+            found = client.search_runs([exp.experiment_id], f"attributes.run_name = '{run}-s0'")
+            ran = "sequential" if run == "progfed" else backend
+            assert found[0].data.tags["fedcomm.backend"] == ran
+            fell_back = [r for r in caplog.records if "progfed runs sequentially" in r.getMessage()]
+            assert bool(fell_back) == (run == "progfed" and backend == "vectorized")
+    for run, by in finals.items():
+        assert by["vectorized"] == pytest.approx(by["sequential"], abs=1e-6), run

@@ -66,6 +66,8 @@ def test_tiny_params_validate() -> None:
             "experiment.runs[1]='nope' is not a key of algorithms",
         ),
         ({"train.local.steps": 5}, "set exactly one of epochs and steps"),
+        ({"train.backend": "gpu"}, "train.backend: Input should be 'sequential' or 'vectorized'"),
+        ({"train.chunk_size": 0}, "train.chunk_size: Input should be greater than or equal to 1"),
         ({"partition.test_fraction": 1.0}, "partition.test_fraction"),
         ({"evaluate.targets": [1.5]}, "evaluate.targets.0"),
         ({"evaluate.upload_caps_gib": [1.0, 0.0]}, "evaluate.upload_caps_gib.1"),

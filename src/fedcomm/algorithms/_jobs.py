@@ -22,13 +22,14 @@ pattern resampling, FedDST's mid-training readjustment) is ``after_step`` at the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 
 from fedcomm.algorithms._local import (
     AuxAdamax,
@@ -148,12 +149,20 @@ def weighted_cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
 
 
 def grad_fn(
-    model: nn.Module, program: LocalProgram, cfg: LocalConfig, *, functional: bool
+    model: nn.Module,
+    program: LocalProgram,
+    cfg: LocalConfig,
+    *,
+    functional: bool,
+    bound: bool = False,
 ) -> GradFn:
     """The gradient phase of a step: data loss, hooks, model-gradient clipping.
 
     ``functional=True`` is the form vmapped over clients (:func:`torch.func.grad`), ``False`` the
-    eager form of the sequential backend (:func:`torch.autograd.grad`).
+    eager form of the sequential backend (:func:`torch.autograd.grad`). ``bound=True`` (eager
+    only, no ``param_map``): ``live`` are leaf tensors the caller has bound into ``model`` for the
+    whole job (:func:`train_job`), so a step is a plain ``model(xb)``, without re-binding the
+    module's parameters every step.
     """
     names = frozenset(n for n, _ in model.named_parameters())
     aux_keys = program.aux.keys if program.aux is not None else frozenset()
@@ -166,9 +175,12 @@ def grad_fn(
         wb: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         full = {**frozen, **live}
-        forward = program.param_map(full) if program.param_map is not None else full
-        forward = {k: v for k, v in forward.items() if k in names}
-        logits = functional_call(model, forward, (xb,))
+        if bound:
+            logits = model(xb)
+        else:
+            forward = program.param_map(full) if program.param_map is not None else full
+            forward = {k: v for k, v in forward.items() if k in names}
+            logits = functional_call(model, forward, (xb,))
         loss = cross_entropy(logits, yb) if wb is None else weighted_cross_entropy(logits, yb, wb)
         total = loss if program.loss_hook is None else program.loss_hook(full, loss)
         return total, loss
@@ -183,7 +195,7 @@ def grad_fn(
         if functional:
             grads, loss = torch.func.grad(objective, has_aux=True)(live, frozen, xb, yb, wb)
             return grads, loss
-        leaves = {k: v.detach().requires_grad_(True) for k, v in live.items()}
+        leaves = live if bound else {k: v.detach().requires_grad_(True) for k, v in live.items()}
         total, loss = objective(leaves, frozen, xb, yb, wb)
         g = torch.autograd.grad(total, list(leaves.values()))
         return dict(zip(leaves, g, strict=True)), loss
@@ -230,11 +242,38 @@ def run_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> ClientResult:
 
 
 def train_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> JobResult:
-    """The sequential executor: one step after the other, eager autograd, in-place updates."""
+    """The sequential executor: one step after the other, eager autograd, in-place updates.
+
+    Without a ``param_map`` the trained tensors are leaves bound into ``model`` once for the job
+    (the module's parameters are swapped back afterwards) and updated in place, so a step costs a
+    plain forward and backward; results equal the per-step :func:`functional_call` form's.
+    """
     program = job.program
-    phase = grad_fn(model, program, cfg, functional=False)
+    names = {n for n, _ in model.named_parameters()}
+    bound = program.param_map is None and set(job.live) <= names and not names & set(job.frozen)
     live = {k: v.clone() for k, v in job.live.items()}
     bufs = {k: v.clone() for k, v in job.bufs.items()}
+    if not bound:
+        return _steps(job, model, cfg, live, bufs, bound=False)
+    live = {k: v.requires_grad_(True) for k, v in live.items()}
+    with _reparametrize_module(model, live):
+        res = _steps(job, model, cfg, live, bufs, bound=True)
+    return replace(res, live={k: v.detach() for k, v in res.live.items()})
+
+
+def _steps(
+    job: LocalJob,
+    model: nn.Module,
+    cfg: LocalConfig,
+    live: dict[str, Tensor],
+    bufs: dict[str, Tensor],
+    *,
+    bound: bool,
+) -> JobResult:
+    """The steps of :func:`train_job`; with ``bound`` the ``live`` leaves are updated in place
+    (projections and hook updates are copied into them)."""
+    program = job.program
+    phase = grad_fn(model, program, cfg, functional=False, bound=bound)
     frozen = job.frozen
     losses: list[Tensor] = []
     for i, idx in enumerate(job.batches):
@@ -242,17 +281,33 @@ def train_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> JobResult:
         grads, aux_grads, loss = phase(live, step_frozen, job.data.x[idx], job.data.y[idx], None)
         losses.append(loss)
         if program.skip_loss is None or float(loss) < program.skip_loss:
-            before = {k: v.clone() for k, v in live.items()} if program.post_reads_old else {}
+            before = (
+                {k: v.detach().clone() for k, v in live.items()} if program.post_reads_old else {}
+            )
             apply_update(live, bufs, grads, aux_grads, cfg, program.aux)
             if program.post_step is not None:
-                live = program.post_step(live, step_frozen, before)
+                with torch.no_grad():
+                    projected = program.post_step(live, step_frozen, before)
+                live = _assign(live, projected, bound)
         if job.after_step is not None and i in job.hook_steps:
-            updates = job.after_step(i, float(loss), live, frozen, idx)
+            view = {k: v.detach() for k, v in live.items()}
+            updates = job.after_step(i, float(loss), view, frozen, idx)
             if updates is not None:
-                live = {**live, **{k: v.clone() for k, v in updates[0].items()}}
+                live = _assign(live, {k: v.clone() for k, v in updates[0].items()}, bound)
                 frozen = {**frozen, **updates[1]}
     mean = float(torch.stack(losses).mean()) if losses else float("nan")
     return JobResult(live, frozen, bufs, mean, len(losses))
+
+
+@torch.no_grad()
+def _assign(live: dict[str, Tensor], new: Mapping[str, Tensor], bound: bool) -> dict[str, Tensor]:
+    """``live`` with ``new`` values: copied into the bound leaves, else replacing them."""
+    if not bound:
+        return {**live, **new}
+    for k, v in new.items():
+        if v is not live[k]:
+            live[k].copy_(v)
+    return live
 
 
 ClientJob = Callable[[Mapping[str, Tensor], Any, ClientData, ClientContext], LocalJob]

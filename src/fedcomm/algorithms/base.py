@@ -21,6 +21,11 @@ optax's state discipline), built from its pydantic config by a registered builde
 * ``prepare_model(model, seed) -> model`` (optional) the structure the algorithm trains and
   evaluates, built around the registry's model (ProgFed's progressive net with its temporary
   heads); the loop and the evaluate stage call it, and it must be deterministic in ``seed``.
+* ``client_job(downlink, client_state, data, ctx) -> LocalJob`` (optional) the local training
+  as data (:mod:`fedcomm.algorithms._jobs`), so the vectorized backend can train a round's
+  clients as one batched computation; ``client_update`` is then the job run sequentially
+  (``_jobs.job_client_update``). Without it, ``unbatched`` says why, and the vectorized
+  backend runs that algorithm's clients sequentially and logs the reason.
 
 An algorithm whose config's :meth:`AlgorithmConfig.extra_rounds` is positive runs that many
 rounds on top of ``train.rounds`` (ProgFed's warm-up rounds, which do not count toward T).
