@@ -297,9 +297,10 @@ def main() -> None:
     results = []
     for name in args.workloads:
         rounds = args.rounds or WORKLOADS[name].rounds
-        for runner in args.runners or DEFAULT_RUNNERS[name]:
-            reps = []
-            for _ in range(args.repeats):
+        runners = args.runners or DEFAULT_RUNNERS[name]
+        reps: dict[str, list[dict[str, Any]]] = {r: [] for r in runners}
+        for _ in range(args.repeats):  # interleaved: a noisy spell of a shared host hits all
+            for runner in runners:
                 with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
                     cmd = [sys.executable, __file__, "--worker", name, runner, "--out", tmp.name]
                     cmd += ["--rounds", str(rounds), "--seed", str(args.seed)]
@@ -308,8 +309,8 @@ def main() -> None:
                         cmd += ["--threads", str(args.threads)]
                     env = {**os.environ, **dict(RUNNERS[runner].env)}
                     subprocess.run(cmd, check=True, env=env)
-                    reps.append(json.loads(Path(tmp.name).read_text()))
-            results.append(summarize(name, runner, reps))
+                    reps[runner].append(json.loads(Path(tmp.name).read_text()))
+        results.extend(summarize(name, runner, reps[runner]) for runner in runners)
     report(results)  # (fills each result's bound_s from its workload's best matmul)
     if args.json is not None:
         args.json.write_text(

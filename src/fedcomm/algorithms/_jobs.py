@@ -75,7 +75,9 @@ class LocalProgram:
     grad_hook: GradHook | None = None  # (full, grads) -> grads
     post_step: JobPostStep | None = None  # projection after the update (masks)
     post_reads_old: bool = False  # post_step needs the live tensors from before the step
-    param_map: ParamMap | None = None  # full -> forward parameters (w ⊙ z, noise)
+    # full -> forward parameters (w ⊙ z, noise); entries it adds that are neither parameters nor
+    # in full (e.g. gate logits) are passed on to loss_hook, so the two share the work
+    param_map: ParamMap | None = None
     aux: AuxAdamax | None = None  # auxiliary tensors with their own Adamax
     skip_loss: float | None = None  # a step whose data loss is >= this is not taken
 
@@ -175,14 +177,17 @@ def grad_fn(
         wb: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         full = {**frozen, **live}
+        seen = full  # what the loss hook sees: full, plus what param_map computed on the way
         if bound:
             logits = model(xb)
         else:
-            forward = program.param_map(full) if program.param_map is not None else full
-            forward = {k: v for k, v in forward.items() if k in names}
+            mapped = program.param_map(full) if program.param_map is not None else full
+            forward = {k: v for k, v in mapped.items() if k in names}
+            extras = {k: v for k, v in mapped.items() if k not in names and k not in full}
+            seen = {**full, **extras} if extras else full
             logits = functional_call(model, forward, (xb,))
         loss = cross_entropy(logits, yb) if wb is None else weighted_cross_entropy(logits, yb, wb)
-        total = loss if program.loss_hook is None else program.loss_hook(full, loss)
+        total = loss if program.loss_hook is None else program.loss_hook(seen, loss)
         return total, loss
 
     def raw(

@@ -72,6 +72,7 @@ from fedcomm.types import Params
 
 # per-client tensors of the local step (LocalJob.frozen / live keys)
 GATE, NOISE, THETA, SIZE, ALIVE, ANCHOR = "gate.", "u.", "theta.", "size.", "alive.", "anchor."
+LOGIT = "logit."  # logit π of a group, computed once a step by the forward pass
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete (Louizos et al. 2018, the L0 paper)
 L0_SHIFT = -BETA * math.log(-GAMMA / ZETA)  # ≈ 1.599: P(z > 0) = σ(log α + L0_SHIFT)
 
@@ -172,7 +173,7 @@ def make(cfg: Config) -> FedAlgorithm:
             entries[f"v/{s.name}"] = Dense(state.v[s.name][state.alive[s.name]])
         return Payload(entries)
 
-    programs: dict[int, tuple[torch.nn.Module, _jobs.LocalProgram]] = {}
+    programs: dict[tuple[int, bool], tuple[torch.nn.Module, _jobs.LocalProgram]] = {}
     structures: dict[int, tuple[torch.nn.Module, tuple[GroupSpec, ...], Params]] = {}
 
     def structure(model: torch.nn.Module) -> tuple[tuple[GroupSpec, ...], Params]:
@@ -184,16 +185,20 @@ def make(cfg: Config) -> FedAlgorithm:
             structures[id(model)] = hit
         return hit[1], hit[2]
 
-    def program_for(model: torch.nn.Module) -> _jobs.LocalProgram:
+    def program_for(model: torch.nn.Module, pruned: bool) -> _jobs.LocalProgram:
         """The local step's program for this structure; every client-specific tensor (θ, |g|,
-        alive and entry masks, w for the drift, the gate noise u) is read from ``full``."""
-        hit = programs.get(id(model))
+        alive masks, w for the drift, the gate noise u) is read from ``full``. ``pruned``: some
+        group is pruned, so a post-step keeps its weights at 0 (with every group alive that
+        projection is the identity, and leaving it out saves a full-size pass per step)."""
+        hit = programs.get((id(model), pruned))
         if hit is not None and hit[0] is model:
             return hit[1]
         specs = _specs(model, cfg)
 
         def gates(full: Mapping[str, Tensor], spec: GroupSpec) -> Tensor:  # π_g
-            logits = gate_logits(full, {spec.name: full[GATE + spec.name]}, spec, cfg.T)
+            logits = full.get(LOGIT + spec.name)  # computed by forward_params this step
+            if logits is None:
+                logits = gate_logits(full, {spec.name: full[GATE + spec.name]}, spec, cfg.T)
             return torch.sigmoid(logits)
 
         def forward_params(full: dict[str, Tensor]) -> dict[str, Tensor]:  # w_s ⊙ z
@@ -201,8 +206,9 @@ def make(cfg: Config) -> FedAlgorithm:
             for s in specs:
                 if cfg.force_gates_on:
                     break
-                log_alpha = gate_logits(full, {s.name: full[GATE + s.name]}, s, cfg.T) - shift
-                z = hard_concrete(log_alpha, full[NOISE + s.name]) * full[ALIVE + s.name]
+                logits = gate_logits(full, {s.name: full[GATE + s.name]}, s, cfg.T)
+                out[LOGIT + s.name] = logits  # logit π, for the penalties of the same step
+                z = hard_concrete(logits - shift, full[NOISE + s.name]) * full[ALIVE + s.name]
                 for name, axis in s.members:
                     shape = [1] * full[name].dim()
                     shape[axis] = s.count
@@ -234,9 +240,12 @@ def make(cfg: Config) -> FedAlgorithm:
 
         aux = _local.AuxAdamax(frozenset(GATE + s.name for s in specs), lr=cfg.gate_lr)
         program = _jobs.LocalProgram(
-            loss_hook=penalties, post_step=keep_pruned, param_map=forward_params, aux=aux
+            loss_hook=penalties,
+            post_step=keep_pruned if pruned else None,
+            param_map=forward_params,
+            aux=aux,
         )
-        programs[id(model)] = (model, program)
+        programs[(id(model), pruned)] = (model, program)
         return program
 
     def client_job(
@@ -258,7 +267,7 @@ def make(cfg: Config) -> FedAlgorithm:
         if cfg.lam:
             frozen.update({ANCHOR + k: t for k, t in w.items()})
         gen = ctx.generator
-        program = program_for(ctx.model)
+        program = program_for(ctx.model, not all(bool(a.all()) for a in alive.values()))
 
         def draws() -> dict[str, Tensor]:  # the hard-concrete noise u of each group, in order
             if cfg.force_gates_on:
