@@ -261,7 +261,7 @@ def train_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> JobResult:
     if not bound:
         return _steps(job, model, cfg, live, bufs, bound=False)
     live = {k: v.requires_grad_(True) for k, v in live.items()}
-    with _reparametrize_module(model, live):
+    with _reparametrize_module(model, live, tie_weights=True):  # as functional_call ties
         res = _steps(job, model, cfg, live, bufs, bound=True)
     return replace(res, live={k: v.detach() for k, v in res.live.items()})
 

@@ -395,8 +395,11 @@ def make(cfg: Config) -> FedAlgorithm:
 
         def draws() -> dict[str, Tensor]:  # ε per parameter, in parameter order
             if s_tilde > 0:
-                return {EPS + n: torch.randn(params[n].shape, generator=gen) for n in names}
-            return {EPS + n: torch.zeros(params[n].shape) for n in names}
+                return {
+                    EPS + n: torch.randn(params[n].shape, generator=gen, dtype=params[n].dtype)
+                    for n in names
+                }
+            return {EPS + n: torch.zeros_like(params[n]) for n in names}
 
         def resample(
             v: int,
@@ -444,8 +447,8 @@ def make(cfg: Config) -> FedAlgorithm:
 
         frozen = {
             **masks_of(beta),
-            S_TILDE: torch.tensor(s_tilde, dtype=torch.float32),
-            KL_COEF: torch.tensor(kl_coef, dtype=torch.float32),
+            S_TILDE: torch.tensor(s_tilde, dtype=u0[names[0]].dtype),
+            KL_COEF: torch.tensor(kl_coef, dtype=u0[names[0]].dtype),
         }
         return _jobs.new_job(
             program_for(model, freeze),

@@ -151,7 +151,10 @@ def client_threads(model: nn.Module, data: FederatedTensors, local: LocalConfig)
             model(source.x[:1])
     finally:
         model.train(was_training)
-    per_batch = counter.get_total_flops() * local.batch_size
+    # at least 2 FLOPs per parameter per example: FlopCounterMode counts no recurrent kernel
+    # (an LSTM's aten::lstm), which would otherwise look free
+    numel = sum(p.numel() for p in model.parameters())
+    per_batch = max(counter.get_total_flops(), 2 * numel) * local.batch_size
     return 1 if per_batch < SMALL_STEP_FLOPS else torch.get_num_threads()
 
 

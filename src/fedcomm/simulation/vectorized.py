@@ -164,7 +164,8 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
         off = [i for i, a in enumerate(active) if not a]
         if program.skip_loss is not None:
             off = sorted(
-                set(off) | {i for i, v in enumerate(loss.tolist()) if v >= program.skip_loss}
+                # not (v < skip): a NaN loss is skipped too, as on the sequential backend
+                set(off) | {i for i, v in enumerate(loss.tolist()) if not v < program.skip_loss}
             )
         saved = _save(live, bufs, off)
         before = {k: v.clone() for k, v in live.items()} if program.post_reads_old else {}

@@ -107,3 +107,26 @@ def test_allocator_tuning_applies_on_linux_unless_turned_off(env: str, expected:
         assert out == [expected, expected]  # decided once per process
     else:
         assert out == ["False", "False"]
+
+
+def test_sequential_executor_matches_local_sgd_on_a_tied_model() -> None:
+    """The bound fast path (leaves bound into the model once per job) must tie weights as
+    ``functional_call`` does: a tied LSTM decoder reads the trained embedding."""
+    from fedcomm.models.lstm import LSTMLanguageModel
+
+    torch.manual_seed(0)
+    model = LSTMLanguageModel(
+        20, embed_dim=8, hidden=8, num_layers=1, tie_weights=True, output="sequence"
+    )
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    data = ClientData(torch.randint(0, 20, (16, 5)), torch.randint(0, 20, (16, 5)))
+    cfg = _local.LocalConfig(batch_size=4, lr=0.5)
+    batches = _local.batch_schedule(16, cfg, torch.Generator().manual_seed(1))
+    job = _jobs.new_job(_jobs.LocalProgram(), params, data, cfg, batches, lambda r: r)  # type: ignore[arg-type, return-value]
+    ours = _jobs.train_job(job, model, cfg)
+    ref = _local.local_sgd(model, params, data, cfg, torch.Generator().manual_seed(1))
+    for k in params:
+        torch.testing.assert_close(ours.live[k], ref.params[k], rtol=0, atol=1e-6)
+    assert ours.loss == pytest.approx(ref.loss, rel=1e-6)
+    assert all(torch.equal(v, params[k]) for k, v in model.named_parameters())  # restored
+    assert not any(v.requires_grad for v in ours.live.values())
