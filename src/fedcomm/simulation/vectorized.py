@@ -132,6 +132,7 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
     n_steps = [len(j.batches) for j in chunk]
     S = max(n_steps)
     losses = torch.full((S, C), float("nan"))
+    touched: set[str] = set()  # frozen keys some after_step hook updated
     template: dict[str, Tensor] | None = None
     batches = _Batches(chunk)
     for s in range(S):
@@ -191,19 +192,15 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
                     live[k][i].copy_(v)
                 for k, v in updates[1].items():
                     frozen[k][i].copy_(v)
-    out = []  # views into the stacked tensors (the chunk's own; nothing writes them later)
-    for i, n in enumerate(n_steps):
+                    touched.add(k)
+    # per-client copies, so the chunk's stacks are freed with the chunk (memory is bounded by
+    # chunk_size, not the cohort); frozen tensors no hook changed are the job's own
+    out = []
+    for i, (job, n) in enumerate(zip(chunk, n_steps, strict=True)):
         mean = float(losses[:n, i].mean()) if n else float("nan")
-        pick = {k: v[i] for k, v in live.items()}
-        out.append(
-            JobResult(
-                pick,
-                {k: v[i] for k, v in frozen.items()},
-                {k: v[i] for k, v in bufs.items()},
-                mean,
-                n,
-            )
-        )
+        kept = {k: frozen[k][i].clone() if k in touched else v for k, v in job.frozen.items()}
+        mine = {k: v[i].clone() for k, v in live.items()}
+        out.append(JobResult(mine, kept, {k: v[i].clone() for k, v in bufs.items()}, mean, n))
     return out
 
 
