@@ -109,6 +109,11 @@ class LocalJob:
     hook_steps: frozenset[int] = field(default_factory=frozenset)
 
 
+def unfinished(result: JobResult) -> ClientResult:
+    """``finish`` of a job trained directly with :func:`train_job` (never called)."""
+    raise RuntimeError("this job is trained with train_job and has no client result")
+
+
 def new_job(
     program: LocalProgram,
     start: Mapping[str, Tensor],

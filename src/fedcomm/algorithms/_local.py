@@ -2,7 +2,8 @@
 
 Local training is written as a function of ``(model structure, params, data, config,
 generator)`` with parameters passed explicitly through :func:`torch.func.functional_call`, so
-the model object is never mutated and a later vectorized backend can batch the same algorithms.
+the model object is never mutated and the vectorized backend can batch the same algorithms
+(:mod:`fedcomm.algorithms._jobs`).
 Algorithms vary it through hooks, never by copying it:
 
 * ``loss_hook(params, loss) -> loss``  extra terms of the local objective (e.g. L1 on groups);
@@ -145,9 +146,10 @@ def make_step(
 
     ``functional=True`` (the form a vectorized backend ``torch.func.vmap``-s over clients):
     gradients from :func:`torch.func.grad`, every update returns new tensors, nothing leaves the
-    tensor world. ``functional=False`` (the sequential backend): the same objective, hooks and
-    update rule with eager autograd and in-place ``_foreach`` updates of ``live``/``bufs``, which
-    the caller must own (about 2x faster per step on small models). Tests check both agree.
+    tensor world. ``functional=False``: the same objective, hooks and update rule with eager
+    autograd and in-place ``_foreach`` updates of ``live``/``bufs``, which the caller must own.
+    Tests check both agree. The backends run :mod:`fedcomm.algorithms._jobs` (the same rule, with
+    per-client tensors as data); :func:`local_sgd` is its sequential executor.
     """
 
     names = frozenset(n for n, _ in model.named_parameters())
@@ -315,20 +317,21 @@ def local_sgd(
     """Run local SGD from ``params`` on ``data``; returns new detached params and the mean loss.
 
     ``trainable`` may freeze parameters by name (they are still used in the forward pass).
-    The steps are :func:`make_step` over the batches of :func:`batch_schedule`. ``bufs`` is the
+    The steps are :func:`fedcomm.algorithms._jobs.train_job`'s (the sequential executor) over
+    the batches of :func:`batch_schedule`. ``bufs`` is the
     optimizer state to start from (e.g. a client's persistent momentum; default: fresh); the
     state at the end is returned in :attr:`LocalResult.bufs`. The mean loss covers every
     minibatch, including steps skipped by ``skip_loss``.
     """
-    step = make_step(
-        model,
-        cfg,
+    from fedcomm.algorithms import _jobs  # the sequential executor (it imports this module)
+
+    project = post_step
+    program = _jobs.LocalProgram(
         loss_hook=loss_hook,
         grad_hook=grad_hook,
-        post_step=post_step,
+        post_step=(lambda live, frozen, before: project(live)) if project is not None else None,
         param_map=param_map,
         aux=aux,
-        functional=False,
         skip_loss=skip_loss,
     )
     frozen = {
@@ -336,14 +339,11 @@ def local_sgd(
         for k, v in params.items()
         if trainable is not None and not trainable.get(k, True)
     }
-    live = {k: v.detach().clone() for k, v in params.items() if k not in frozen}  # ours to update
-    state = init_bufs(live, cfg, aux)
-    if bufs is not None:
-        state.update({k: v.detach().clone() for k, v in bufs.items() if k in state})
-    losses: list[Tensor] = []
-    for idx in batch_schedule(data.num_examples, cfg, generator):
-        live, state, loss = step(live, state, frozen, data.x[idx], data.y[idx])
-        losses.append(loss)
-    mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")
-    out = {k: (live[k] if k in live else frozen[k]) for k in params}
-    return LocalResult(out, mean_loss, len(losses), state)
+    live = {k: v for k, v in params.items() if k not in frozen}
+    batches = batch_schedule(data.num_examples, cfg, generator)
+    job = _jobs.new_job(
+        program, live, data, cfg, batches, _jobs.unfinished, frozen=frozen, bufs=bufs
+    )
+    res = _jobs.train_job(job, model, cfg)
+    out = {k: (res.live[k] if k in res.live else frozen[k]) for k in params}
+    return LocalResult(out, res.loss, res.steps, res.bufs)
