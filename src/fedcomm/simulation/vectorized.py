@@ -34,7 +34,6 @@ from fedcomm.algorithms._jobs import (
     GradFn,
     JobResult,
     LocalJob,
-    LocalProgram,
     apply_update,
     grad_fn,
 )
@@ -75,32 +74,6 @@ def chunks(jobs: Sequence[int], steps: Sequence[int], chunk_size: int) -> list[l
     return [order[i : i + size] for i in range(0, n, size)]
 
 
-class _Cache:
-    """Vmapped gradient phases by (model, program, config), built once per run."""
-
-    def __init__(self) -> None:
-        self._fns: dict[
-            tuple[int, int, LocalConfig, bool], tuple[Any, nn.Module, LocalProgram]
-        ] = {}
-
-    def get(
-        self, model: nn.Module, program: LocalProgram, cfg: LocalConfig, weighted: bool
-    ) -> Callable[..., Any]:
-        key = (id(model), id(program), cfg, weighted)
-        hit = self._fns.get(key)
-        if hit is None or hit[1] is not model or hit[2] is not program:
-            if len(self._fns) > 256:
-                self._fns.clear()
-            phase: GradFn = grad_fn(model, program, cfg, functional=True)
-            fn = torch.func.vmap(phase, in_dims=(0, 0, 0, 0, 0 if weighted else None))
-            hit = (fn, model, program)
-            self._fns[key] = hit
-        return hit[0]
-
-
-_CACHE = _Cache()
-
-
 def train_jobs(
     jobs: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig, chunk_size: int
 ) -> list[JobResult]:
@@ -116,6 +89,7 @@ def train_jobs(
                 chunk, _train_chunk([jobs[i] for i in chunk], model, cfg), strict=True
             ):
                 results[i] = res
+    assert all(r is not None for r in results)
     return [r for r in results if r is not None]
 
 
@@ -133,6 +107,7 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
     S = max(n_steps)
     losses = torch.full((S, C), float("nan"))
     touched: set[str] = set()  # frozen keys some after_step hook updated
+    phases: dict[bool, Callable[..., Any]] = {}  # the vmapped gradient phase, padded or not
     template: dict[str, Tensor] | None = None
     batches = _Batches(chunk)
     for s in range(S):
@@ -159,7 +134,10 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
                     ]
                 ),
             }
-        phase = _CACHE.get(model, program, cfg, weighted)
+        if weighted not in phases:  # (building a vmapped function is cheap: no tracing)
+            one: GradFn = grad_fn(model, program, cfg, functional=True)
+            phases[weighted] = torch.func.vmap(one, in_dims=(0, 0, 0, 0, 0 if weighted else None))
+        phase = phases[weighted]
         grads, aux_grads, loss = phase(live, step_frozen, xb, yb, wb)
         losses[s] = loss
         off = [i for i, a in enumerate(active) if not a]
