@@ -173,11 +173,15 @@ class SizePartition(_Partition):
 
 
 class LabelCyclePartition(_Partition):
-    """pFedBayes / FedBIAD Table I scheme: client k holds labels (k·n_l + j) mod C, j < n_l."""
+    """pFedBayes / FedBIAD Table I scheme: client k holds labels (k·s + j) mod C, j < n_l, with
+    s = ``client_stride`` (default n_l, as pFedBayes' code; 1 is pFedMe's sliding window)."""
 
     kind: Literal["label_cycle"] = "label_cycle"
     num_partitions: int = Field(ge=1)
     labels_per_partition: int = Field(5, ge=1)
+    client_stride: int | None = Field(
+        None, ge=1, description="s in (k·s + j) mod C; None: s = n_l (pFedBayes' code)"
+    )
     shuffle: bool = True
 
 
@@ -238,14 +242,22 @@ class CnnModel(Strict):
 
 
 class FeddstCnnModel(Strict):
-    """FedDST's CNNs: defaults give the MNIST net; ``channels=[6, 16], hidden=[120, 84]`` the
-    CIFAR-10 one (with 3x32x32 inputs)."""
+    """FedDST's CNNs. ``channels``/``hidden`` null (the default) = the paper's net for the data's
+    input: MNIST (1x28x28) -> ``[10, 20]``/``[50]``, 261,840 parameters; CIFAR-10 (3x32x32) ->
+    ``[6, 16]``/``[120, 84]``, 782,006; CIFAR-100 -> ``[6, 16]``/``[120]``, 783,092. Other
+    1-channel data gets the MNIST widths, other colour data the CIFAR-10 ones
+    (``fedcomm.models.vision.feddst_widths``). A value given is used as is."""
 
     name: Literal["feddst_cnn"] = "feddst_cnn"
-    channels: list[Annotated[int, Field(ge=1)]] = Field(
-        default_factory=lambda: [10, 20], min_length=2, max_length=2
+    channels: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description="the two convolutions' output channels; null: the paper's for the input",
     )
-    hidden: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [50])
+    hidden: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="hidden fully connected widths (may be []); null: the paper's"
+    )
 
 
 class ResNetModel(Strict):

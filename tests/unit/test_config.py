@@ -184,6 +184,17 @@ def test_feddst_params_validate() -> None:
     assert validate_params(tiny_params()).evaluate.upload_caps_gib == []
 
 
+def test_feddst_cnn_widths_default_to_null_and_are_checked_by_key() -> None:
+    """null widths = the paper's net for the data's input (resolved by the model factory);
+    explicit ones are kept as given, and bad ones are refused before any work."""
+    p = validate_params(tiny_params(model={"name": "feddst_cnn"}))
+    assert p.model.model_dump() == {"name": "feddst_cnn", "channels": None, "hidden": None}
+    p = validate_params(tiny_params(model={"name": "feddst_cnn", "hidden": []}))
+    assert p.model.model_dump() == {"name": "feddst_cnn", "channels": None, "hidden": []}
+    assert "model.channels" in _error(model={"name": "feddst_cnn", "channels": [6]})
+    assert "model.hidden.0" in _error(model={"name": "feddst_cnn", "hidden": [0]})
+
+
 def test_feddst_readjust_end_defaults_to_half_the_rounds() -> None:
     algos = {"dst": {"name": "feddst"}, "dst40": {"name": "feddst", "readjust_end": 40}}
     raw = tiny_params(**{"algorithms": algos, "experiment.runs": ["dst"], "train.rounds": 30})

@@ -725,10 +725,15 @@ def label_cycle(
     num_partitions: int,
     rng: np.random.Generator,
     labels_per_partition: int = 5,
+    client_stride: int | None = None,
     shuffle: bool = True,
 ) -> list[np.ndarray]:
     """pFedBayes' label scheme (used by FedBIAD's Table I): client ``k`` holds the labels
-    ``(k·n_l + j) mod C`` for ``j < n_l``; each class's rows are split evenly over its holders.
+    ``(k·s + j) mod C`` for ``j < n_l``; each class's rows are split evenly over its holders.
+
+    With ``s = n_l`` (pFedBayes' code, the default) and ``n_l = C/2`` only two label sets exist
+    (half the clients hold classes ``0..4``, half ``5..9`` on MNIST); ``s = 1`` is pFedMe's
+    sliding window (``C`` distinct sets).
 
     Zhang et al., "Personalized Federated Learning via Variational Bayesian Inference" (ICML
     2022) data generation, as described in ``specs/fedsparse-fedbiad.md`` §2.4. A class held by
@@ -739,6 +744,7 @@ def label_cycle(
         num_partitions: number of clients.
         rng: shuffles each class's rows before they are dealt (``shuffle``).
         labels_per_partition: ``n_l``, labels per client, in ``[1, C]``.
+        client_stride: ``s``, the label offset between consecutive clients (``None``: ``n_l``).
         shuffle: deal shuffled rows (else in index order).
 
     Returns:
@@ -749,10 +755,11 @@ def label_cycle(
     k = _check_num_partitions(num_partitions, n)
     num_classes = len(np.unique(y))  # classes ranked in sorted label order
     n_l = _check_int("labels_per_partition", labels_per_partition, low=1, high=max(num_classes, 1))
+    stride = n_l if client_stride is None else _check_int("client_stride", client_stride, low=1)
     holders: list[list[int]] = [[] for _ in range(num_classes)]
     for client in range(k):
         for j in range(n_l):
-            holders[(client * n_l + j) % num_classes].append(client)
+            holders[(client * stride + j) % num_classes].append(client)
     owner = np.full(n, -1, dtype=np.int64)
     for c, rows in enumerate(_class_rows(y, rng, shuffle=shuffle)):
         if holders[c]:

@@ -258,25 +258,50 @@ class FeddstCNN(nn.Module):
         return out
 
 
+# FedDST's nets (bibikar/feddst models.py): (channels, hidden) of ``MNISTNet``, ``CIFAR10Net``
+# and ``CIFAR100Net``; ``feddst_widths`` picks one from the input.
+FEDDST_MNIST = ((10, 20), (50,))
+FEDDST_CIFAR10 = ((6, 16), (120, 84))
+FEDDST_CIFAR100 = ((6, 16), (120,))
+
+
+def feddst_widths(
+    input_shape: tuple[int, ...], num_classes: int
+) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """The ``(channels, hidden)`` of the FedDST net for this input, the ``feddst_cnn`` defaults.
+
+    - 1 input channel (MNIST, and Fashion-MNIST/FEMNIST, which the paper did not use):
+      ``MNISTNet``'s ``(10, 20), (50,)``.
+    - any other channel count (CIFAR): ``CIFAR100Net``'s ``(6, 16), (120,)`` with 100 classes,
+      else ``CIFAR10Net``'s ``(6, 16), (120, 84)`` (so CIFAR-100 coarse, 20 classes, gets the
+      CIFAR-10 net with 20 outputs).
+    """
+    if input_shape[0] == 1:
+        return FEDDST_MNIST
+    return FEDDST_CIFAR100 if num_classes == 100 else FEDDST_CIFAR10
+
+
 @register("feddst_cnn")
 def feddst_cnn(
     *,
     input_shape: tuple[int, ...],
     num_classes: int,
-    channels: Sequence[int] = (10, 20),
-    hidden: Sequence[int] = (50,),
+    channels: Sequence[int] | None = None,
+    hidden: Sequence[int] | None = None,
 ) -> FeddstCNN:
     """FedDST's CNNs: conv5x5 (no padding), maxpool 3x3 stride 1, ReLU, twice; then MLP layers.
 
     Bibikar et al., "Federated Dynamic Sparse Training: Computing Less, Communicating Less, Yet
     Learning Better", AAAI 2022; ``models.py`` of bibikar/feddst (``MNISTNet``,
-    ``CIFAR10Net``, ``CIFAR100Net``):
+    ``CIFAR10Net``, ``CIFAR100Net``). ``channels``/``hidden`` left as ``None`` give the paper's
+    net for the input (``feddst_widths``); a value given is used as is, for either option alone:
 
-    - MNIST (the defaults, on ``(1, 28, 28)``): conv 1→10, conv 10→20, fc 5120→50, fc 50→10;
-      261,840 parameters.
-    - CIFAR-10: ``channels=[6, 16], hidden=[120, 84]`` on ``(3, 32, 32)``: conv 3→6, conv 6→16,
-      fc 6400→120, fc 120→84, fc 84→10; 782,006 parameters.
-    - CIFAR-100: ``channels=[6, 16], hidden=[120]`` with 100 classes; 783,092 parameters.
+    - MNIST, ``(1, 28, 28)`` with 10 classes: conv 1→10, conv 10→20, fc 5120→50, fc 50→10;
+      261,840 parameters (``channels=[10, 20], hidden=[50]``).
+    - CIFAR-10, ``(3, 32, 32)`` with 10 classes: conv 3→6, conv 6→16, fc 6400→120, fc 120→84,
+      fc 84→10; 782,006 parameters (``channels=[6, 16], hidden=[120, 84]``).
+    - CIFAR-100, ``(3, 32, 32)`` with 100 classes: conv 3→6, conv 6→16, fc 6400→120,
+      fc 120→100; 783,092 parameters (``channels=[6, 16], hidden=[120]``).
 
     The original ends in ``softmax`` and then trains with ``cross_entropy``, which applies
     log-softmax again (a double softmax, a bug that flattens the gradients); this model returns
@@ -285,8 +310,9 @@ def feddst_cnn(
     Args:
         input_shape: ``(C, H, W)``; H and W at least 13.
         num_classes: output width.
-        channels: output channels of the two convolutions.
-        hidden: widths of the hidden fully connected layers (may be empty).
+        channels: output channels of the two convolutions; ``None``: by the input, as above.
+        hidden: widths of the hidden fully connected layers (may be empty); ``None``: by the
+            input, as above.
 
     Returns:
         The model, with layers ``conv1, conv2, fc1 … fc{len(hidden)+1}``.
@@ -296,6 +322,9 @@ def feddst_cnn(
         raise invalid_option(name, "input_shape", f"must be (C, H, W), got {input_shape}")
     if min(input_shape[1:]) < 13:
         raise invalid_option(name, "input_shape", f"{input_shape} is too small for two blocks")
+    default_channels, default_hidden = feddst_widths(input_shape, num_classes)
+    channels = default_channels if channels is None else channels
+    hidden = default_hidden if hidden is None else hidden
     c1, c2 = positive_ints(name, "channels", channels, length=2)
     widths = positive_ints(name, "hidden", hidden, allow_empty=True)
     c, h, w = input_shape

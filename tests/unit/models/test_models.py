@@ -50,6 +50,8 @@ def test_every_registered_model_has_a_small_config() -> None:
         ("mlp", (784,), 10, {"hidden": [256]}, 203_530),  # FedBIAD FMNIST
         ("mnist_cnn", (1, 28, 28), 10, {}, 1_663_370),  # FedAvg CNN
         ("feddst_cnn", (1, 28, 28), 10, {}, 261_840),  # FedDST MNISTNet
+        ("feddst_cnn", (3, 32, 32), 10, {}, 782_006),  # FedDST CIFAR10Net
+        ("feddst_cnn", (3, 32, 32), 100, {}, 783_092),  # FedDST CIFAR100Net
         ("feddst_cnn", (3, 32, 32), 10, {"channels": [6, 16], "hidden": [120, 84]}, 782_006),
         ("feddst_cnn", (3, 32, 32), 100, {"channels": [6, 16], "hidden": [120]}, 783_092),
         ("resnet20", (3, 32, 32), 10, {}, 272_474),  # option B projections
@@ -237,3 +239,86 @@ def test_feddst_cnn_matches_the_official_forward_without_softmax() -> None:
     h = h.view(-1, 16 * 20 * 20)
     h = F.relu(m["fc2"](F.relu(m["fc1"](h))))
     torch.testing.assert_close(model(x), m["fc3"](h))
+
+
+def _feddst_model_from_params(
+    params: Any, input_shape: tuple[int, ...], num_classes: int
+) -> nn.Module:
+    """The model ``fedcomm train`` builds (``experiment.build_run_model``) for data of this
+    shape: the params' model section through ``model_options`` and the registry."""
+    from types import SimpleNamespace
+
+    from fedcomm.experiment import build_run_model
+
+    data = SimpleNamespace(input_shape=input_shape, num_classes=num_classes)
+    return build_run_model(params, data, seed=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "shape", "classes", "expected"),
+    [
+        ("mnist", (1, 28, 28), 10, 261_840),  # MNISTNet
+        ("cifar10", (3, 32, 32), 10, 782_006),  # CIFAR10Net (was 406,340: the MNIST widths)
+        ("cifar100", (3, 32, 32), 100, 783_092),  # CIFAR100Net
+    ],
+)
+def test_feddst_cnn_config_defaults_give_the_papers_net_for_the_input(
+    dataset: str, shape: tuple[int, ...], classes: int, expected: int
+) -> None:
+    from fedcomm.config import validate_params
+    from tests.conftest import tiny_params
+
+    raw = tiny_params(**{"data.dataset": {"name": dataset}, "model": {"name": "feddst_cnn"}})
+    params = validate_params(raw)
+    assert params.model.channels is None and params.model.hidden is None  # type: ignore[union-attr]
+    model = _feddst_model_from_params(params, shape, classes)
+    assert num_parameters(model) == expected
+    assert model(torch.randn(2, *shape)).shape == (2, classes)
+
+
+@pytest.mark.parametrize(
+    ("shape", "options", "expected", "conv1", "fc_out"),
+    [  # explicit widths win over the input's defaults, each option on its own too
+        ((3, 32, 32), {"channels": [10, 20], "hidden": [50]}, 406_340, (10, 3, 5, 5), [50, 10]),
+        ((1, 28, 28), {"channels": [6, 16], "hidden": [120, 84]}, 505_226, (6, 1, 5, 5),
+         [120, 84, 10]),
+        ((3, 32, 32), {"hidden": []}, 66_882, (6, 3, 5, 5), [10]),
+        ((1, 28, 28), {"channels": [6, 16]}, 207_932, (6, 1, 5, 5), [50, 10]),
+    ],
+)  # fmt: skip
+def test_feddst_cnn_explicit_widths_override_the_defaults(
+    shape: tuple[int, ...],
+    options: dict[str, Any],
+    expected: int,
+    conv1: tuple[int, ...],
+    fc_out: list[int],
+) -> None:
+    from fedcomm.config import validate_params
+    from tests.conftest import tiny_params
+
+    params = validate_params(tiny_params(model={"name": "feddst_cnn", **options}))
+    for model in (
+        _feddst_model_from_params(params, shape, 10),
+        build_model("feddst_cnn", input_shape=shape, num_classes=10, **options),
+    ):
+        assert num_parameters(model) == expected
+        assert tuple(dict(model.named_parameters())["conv1.weight"].shape) == conv1
+        fcs = [m.out_features for n, m in model.named_children() if n.startswith("fc")]
+        assert fcs == fc_out
+
+
+def test_feddst_cnn_default_widths_for_data_the_paper_did_not_use() -> None:
+    from fedcomm.models.vision import FEDDST_CIFAR10, FEDDST_MNIST, feddst_widths
+
+    assert feddst_widths((1, 28, 28), 62) == FEDDST_MNIST  # FEMNIST: the MNIST net
+    assert feddst_widths((3, 32, 32), 20) == FEDDST_CIFAR10  # CIFAR-100 coarse: CIFAR-10 net
+    model = build_model("feddst_cnn", input_shape=(1, 28, 28), num_classes=62)
+    assert num_parameters(model) == 261_840 - 510 + 50 * 62 + 62
+
+
+def test_feddst_mnist_reproduction_still_builds_the_mnist_net() -> None:
+    from fedcomm.config import load_params
+    from tests.conftest import REPO
+
+    params = load_params(REPO / "pipeline" / "reproductions" / "feddst_mnist.yaml")
+    assert num_parameters(_feddst_model_from_params(params, (1, 28, 28), 10)) == 261_840
