@@ -599,3 +599,23 @@ def test_label_cycle_is_pfedbayes_scheme() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
     with pytest.raises(PartitionError, match="labels_per_partition"):
         label_cycle(labels, num_partitions=4, rng=np.random.default_rng(0), labels_per_partition=11)
+
+
+def test_label_cycle_client_stride_one_is_a_sliding_window() -> None:
+    from fedcomm.data.partitioners import label_cycle
+
+    labels = np.repeat(np.arange(10), 40)
+    parts = label_cycle(
+        labels,
+        num_partitions=10,
+        rng=np.random.default_rng(0),
+        labels_per_partition=5,
+        client_stride=1,
+    )
+    # client k holds (k + j) mod 10: ten distinct windows; every class held by 5 clients
+    assert [sorted(set(labels[p].tolist())) for p in parts] == [
+        sorted((k + j) % 10 for j in range(5)) for k in range(10)
+    ]
+    assert [len(p) for p in parts] == [5 * 8] * 10  # 40 rows of a class / 5 holders
+    with pytest.raises(PartitionError, match="client_stride"):
+        label_cycle(labels, num_partitions=4, rng=np.random.default_rng(0), client_stride=0)
