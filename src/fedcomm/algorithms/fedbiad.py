@@ -92,7 +92,7 @@ class Config(AlgorithmConfig):
     stage_boundary: int = Field(55, ge=0, description="R_b: rounds r ≤ R_b are stage one")
     tau: int = Field(3, ge=1, description="τ: iterations per loss-trend window")
     drop_output_layer: bool = True
-    aggregation: Literal["eq10", "masked"] = "eq10"
+    aggregation: Literal["eq10", "fill", "masked"] = "eq10"
     alpha: float = Field(0.5, gt=0, le=1, description="tempered-likelihood α")
     kl: bool = Field(True, description="the KL (L2 on kept rows) term; false: 'no KL' ablation")
     pattern_scope: Literal["layer", "global"] = "layer"
@@ -246,8 +246,10 @@ def aggregate(
 
     ``values[k]`` are client k's decoded ``β_k ∘ U_k`` (zeros off its rows), ``kept[k]`` its bool
     entry masks (parameters absent: always sent). ``eq10``: ``Δ = Σ_k w_k (β_k ∘ U_k − U_{r−1}) /
-    Σ_k w_k``; ``masked``: ``Σ_k w_k β_k (U_k − U_{r−1}) / Σ_k w_k β_k`` where some client kept
-    the entry, 0 elsewhere (``held`` says where)."""
+    Σ_k w_k``; ``fill``: ``Σ_k w_k β_k (U_k − U_{r−1}) / Σ_k w_k`` (Eq. 10 over complete
+    parameters, a dropped row reconstructed as ``U_{r−1}``); ``masked``: ``Σ_k w_k β_k (U_k −
+    U_{r−1}) / Σ_k w_k β_k`` where some client kept the entry, 0 elsewhere (``held`` says
+    where)."""
     everywhere = {k: torch.ones_like(t, dtype=torch.bool) for k, t in prev.items()}
     if how == "eq10":
         return weighted_mean([{k: v[k] - t for k, t in prev.items()} for v in values], weights), (
@@ -258,6 +260,8 @@ def aggregate(
         for v, km in zip(values, kept, strict=True)
     ]
     mean = weighted_mean(deltas, weights)  # Σ_k w_k β_k δ_k / Σ_k w_k
+    if how == "fill":  # every client's dropped rows reconstructed as U_{r−1} (a zero update)
+        return mean, everywhere
     share = torch.tensor(weights, dtype=torch.float64) / sum(weights)
     out, held = {}, {}
     for k, m in mean.items():

@@ -316,9 +316,12 @@ def _hand_uplinks(model: nn.Module, prev: dict[str, torch.Tensor]) -> list[Uplin
         ("eq10", [5.0, 1.0, 0.0], [2.0, 0.375, 0.0]),
         # masked: row 0 as above; row 1 only A's 4 and 1.5; row 2 keeps U_{r−1} = 30, 3
         ("masked", [5.0, 4.0, 30.0], [2.0, 1.5, 3.0]),
+        # fill: B's dropped row 1 is reconstructed as U_{r−1} = (20, 2) before Eq. 10:
+        #   row 1: w (1·4 + 3·20)/4 = 16, b (1·1.5 + 3·2)/4 = 1.875; row 2: nobody moved it
+        ("fill", [5.0, 16.0, 30.0], [2.0, 1.875, 3.0]),
     ],
 )
-def test_eq10_and_masked_aggregation_by_hand(
+def test_eq10_fill_and_masked_aggregation_by_hand(
     aggregation: str, weight: list[float], bias: list[float]
 ) -> None:
     model = nn.Sequential(nn.Linear(1, 3))
