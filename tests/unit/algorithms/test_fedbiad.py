@@ -105,7 +105,7 @@ def test_kept_rows_are_exact_per_layer_mlp_and_lstm() -> None:
     no_out = fedbiad.row_specs(_mlp([40, 20]), drop_output_layer=False)
     assert [s.name for s in no_out] == ["fc1", "fc2"]
 
-    lstm = fedbiad.row_specs(_lstm(), drop_output_layer=True)
+    lstm = fedbiad.row_specs(_lstm(), drop_output_layer=True, lstm_rows="both")
     assert [(s.name, s.count) for s in lstm] == [
         ("embedding", 8),
         ("lstm.weight_ih_l0", 32),
@@ -126,7 +126,7 @@ def test_lstm_client_keeps_exact_rows_and_zeroes_the_dropped_ones() -> None:
     x = torch.randint(0, 20, (24, 5), generator=g)
     data = ClientData(x, torch.roll(x, -1, dims=1))
     model = _lstm()
-    _, res = _client(fedbiad.Config(p=0.5), model, data)
+    _, res = _client(fedbiad.Config(p=0.5, lstm_rows="both"), model, data)
     up = res.uplink.decode()  # type: ignore[attr-defined]
     counts = {k.removeprefix("mask/"): int(v.sum()) for k, v in up.items() if k.startswith("mask/")}
     assert counts == {
