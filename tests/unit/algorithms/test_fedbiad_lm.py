@@ -203,13 +203,13 @@ def test_hh_client_sends_weight_ih_whole_and_the_server_reads_it() -> None:
     assert local["lstm.weight_ih_l0"].all() and local["lstm.bias_ih_l0"].all()
     assert not torch.equal(local["lstm.weight_ih_l0"], down["lstm.weight_ih_l0"])  # trained
     assert not local["lstm.weight_hh_l0"][~up["mask/lstm.weight_hh_l0"]].any()
-    alg = build_algorithm(fedbiad.Config(p=0.5))
+    alg = build_algorithm(fedbiad.Config(p=0.5, aggregation="eq10"))
     assert alg.uploaded_model is not None
     uploaded = alg.uploaded_model(down, up)  # U_{r−1} + (U_k − U_{r−1}): fp32 round-off
     for k, t in local.items():
         torch.testing.assert_close(uploaded[k], t, rtol=0, atol=1e-7)
         assert torch.equal(uploaded[k] != 0, t != 0)
-    # Eq. 10 with one client: U_r = β ∘ U_k, weight_ih included whole
+    # Eq. 10 as printed, one client: U_r = β ∘ U_k, weight_ih included whole
     state = alg.init_server(down, RoundContext(0, torch.Generator(), 0, model))
     new = alg.server_update(state, [Uplink(0, 24, up)], RoundContext(1, torch.Generator()))
     for k, t in local.items():
