@@ -119,7 +119,10 @@ def test_fedsparse_sparsity_band_at_fedavg_accuracy(
     # fedsparse_mnist.yaml scaled down: 50 clients, 10 a round, 30 rounds, MLP 784-100-10, one
     # epoch of SGD at 0.05 (batch 32), server Adam 1e-3 for both methods. Measured (seeds 0, 1):
     # FedAvg 0.843 / 0.854; λ0 3e-6: sparsity 0.019 / 0.018 at 0.840 / 0.852; the default
-    # λ0 5e-6: 0.42 / 0.39 at 0.835 / 0.849 (sparsity jumps with λ0, as in the reproduction).
+    # λ0 5e-6: 0.42 / 0.39 at 0.835 / 0.849. The two bands sit on either side of the threshold
+    # where a group without data signal turns from kept to pruned, λ0* = c_CE·logit(θ0)/|g| =
+    # 1e-4·logit(0.99)/100 = 4.6e-6 for the first layer's input groups (|g| = 100 outputs);
+    # docs/reproductions/fedsparse.md shows the step move with c_CE.
     kw: dict[str, Any] = {
         "rounds": 30,
         "per_round": 10,
