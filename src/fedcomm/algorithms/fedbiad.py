@@ -134,6 +134,12 @@ class Config(AlgorithmConfig):
     )
     alpha: float = Field(0.5, gt=0, le=1, description="tempered-likelihood α")
     kl: bool = Field(True, description="the KL (L2 on kept rows) term; false: 'no KL' ablation")
+    kl_samples: Literal["client", "seen"] = Field(
+        "client",
+        description="m of the tempered posterior that weighs the KL, 1/(α·m): client = the "
+        "client's likelihood terms (Eq. 5); seen = r·V times that, the data seen by round r "
+        "(Theorem 1's m_r, the m of Eq. 13)",
+    )
     pattern_scope: Literal["layer", "global"] = "layer"
     B: int = Field(2, ge=2, description="weight bound B of Eq. 13")
     weighting: Literal["num_examples", "uniform"] = "num_examples"
@@ -190,6 +196,16 @@ def likelihood_terms(y: Tensor) -> int:
     (``_local.cross_entropy`` counts every target, there is no padding index): ``n`` for labels
     ``y (n,)``, ``n·T`` for next-token targets ``y (n, T)``. The KL weight is ``1/(α·this)``."""
     return int(y.numel())
+
+
+def kl_weight(cfg: Config, terms: int, round_: int, steps: int) -> float:
+    """The KL's weight ``1/(α·m)`` against the mean CE: ``m`` = the client's likelihood terms
+    (``kl_samples: client``, Eq. 5 with ``m = |D_k|``), or ``r·V`` times that (``seen``: Theorem
+    1's ``m_r = r·V·|D_k|``, the data the posterior has absorbed by round ``r``); 0 without KL."""
+    if not cfg.kl:
+        return 0.0
+    m = max(1, terms) * (max(1, round_) * max(1, steps) if cfg.kl_samples == "seen" else 1)
+    return 1.0 / (cfg.alpha * m)
 
 
 def validate_model(model: nn.Module) -> None:
@@ -452,7 +468,7 @@ def make(cfg: Config) -> FedAlgorithm:
             beta = random_pattern(specs, cfg.p, gen, cfg.pattern_scope)
         else:
             beta = score_pattern(specs, scores, cfg.p, gen, cfg.pattern_scope)
-        kl_coef = 1.0 / (cfg.alpha * max(1, likelihood_terms(data.y))) if cfg.kl else 0.0
+        kl_coef = kl_weight(cfg, likelihood_terms(data.y), ctx.round_, len(batches))
         freeze = ctx.local.momentum > 0 or ctx.local.weight_decay > 0
         track = _Track(beta, scores)
         losses: list[float] = []

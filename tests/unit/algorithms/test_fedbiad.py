@@ -357,3 +357,14 @@ def test_momentum_and_weight_decay_path_trains_the_kept_rows_only(fed: Federated
     got = res.local_params  # type: ignore[attr-defined]
     assert not got["fc1.weight"][:4].any() and not got["fc1.bias"][:4].any()
     assert (got["fc1.weight"][4:] != down["fc1.weight"][4:]).any()
+
+
+def test_kl_weight_by_hand() -> None:
+    # |D_k| = 56 examples, round 3, V = 20 local steps, α = 0.5
+    client = fedbiad.Config(alpha=0.5)
+    assert fedbiad.kl_weight(client, 56, 3, 20) == pytest.approx(1 / 28)  # 1/(α·|D_k|)
+    seen = fedbiad.Config(alpha=0.5, kl_samples="seen")
+    assert fedbiad.kl_weight(seen, 56, 3, 20) == pytest.approx(1 / (0.5 * 3 * 20 * 56))  # m_r
+    assert fedbiad.kl_weight(fedbiad.Config(kl=False), 56, 3, 20) == 0.0
+    with pytest.raises(ValidationError):
+        fedbiad.Config(kl_samples="all")  # type: ignore[arg-type]
