@@ -16,11 +16,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 from tests.conftest import digits_federation, tiny_params
+from tests.unit.algorithms.test_progfed import _cnn, _run
 
-from fedcomm.algorithms import build_algorithm
-from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.progfed import Config, Phase, charged_values, schedule, warmup_index
-from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import Params
 from fedcomm.models import build_model
 from fedcomm.models.progressive import ProgressiveNet
@@ -175,32 +173,6 @@ def test_table12_baseline_and_ratio() -> None:
 @pytest.fixture(scope="module")
 def fed() -> FederatedTensors:
     return digits_federation(6)
-
-
-def _cnn(fed: FederatedTensors) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_model(
-        "mnist_cnn",
-        input_shape=fed.input_shape,
-        num_classes=fed.num_classes,
-        channels=[4, 8],
-        hidden=16,
-    )
-
-
-def _run(
-    fed: FederatedTensors, rounds: int, compressor: str = "none", **kw: object
-) -> loop.RunResult:
-    cfg = Config(**kw).with_rounds(rounds)
-    lcfg = loop.LoopConfig(
-        rounds=rounds + cfg.extra_rounds(),
-        clients_per_round=3,
-        local=LocalConfig(epochs=1, batch_size=16, lr=0.05),
-        seed=3,
-        checkpoint_every=100,
-    )
-    alg = build_algorithm(cfg)
-    return loop.run(lcfg, alg, _cnn(fed), fed, build_compressor(compressor), config_hash="pf")
 
 
 def _sizes(fed: FederatedTensors, stages: int) -> tuple[list[int], list[int]]:
