@@ -56,9 +56,9 @@ Server (``aggregation``; Eq. 10 reads three ways, spec §2.3 [AMB]):
   ``U_{r−1}`` (each row's update damped by the share of clients that kept it);
 * ``eq10``: Eq. 10 as printed, ``U_r = Σ_k |D_k| β_k ∘ U_k / Σ_k |D_k|``: a dropped row counts as
   0, so every row shrinks by about ``(1 − p)`` a round. It cannot give the paper's own numbers
-  (the MNIST profile: 75.4 ± 0.7% vs ``masked``'s 93.5 ± 0.1%, 3 seeds; on 1000 IID clients it
-  falls to 10% by round 60 with ``‖fc1.W‖ → 0.002``, with or without the KL), so it is not the
-  default; kept as the literal reading (``docs/reproductions/fedbiad.md``).
+  (the MNIST profile: 75.4 ± 0.7% vs ``masked``'s 93.5 ± 0.1%, 3 seeds; on 1000 IID clients,
+  issue 15's check, it falls to 10% by round 60 with ``‖fc1.W‖ → 0.002``, with or without the
+  KL), so it is not the default; kept as the literal reading (``docs/reproductions/fedbiad.md``).
 
 The averaging rule gives ``Δ = U_agg − U_{r−1}``, and
 ``U_r = U_{r−1} + server_opt(Δ)`` (default ``sgd``, lr 1: exactly the rule above). The download
