@@ -21,7 +21,9 @@ Adam moments zeroed). Down: surviving weights, ``v`` of surviving groups, 1 bit 
 Choices (spec [AMB] recommendations are the defaults): mean cross-entropy as the likelihood
 term; ``log α = logit π`` (``gate_mapping: l0_shift`` subtracts 1.599, Eq. 41); the plain mean
 over the sampled clients on the server (``weighting``). ``server_prune: false`` is the paper's
-no-pruning ablation: nothing is pruned, so the dense server model is evaluated and sent. The
+no-pruning ablation: nothing is pruned, so the dense server model is evaluated and sent.
+``lambda0_from_round: R`` (an ablation, not in the paper) sets λ0 = 0 before round R, so the
+gates meet the L0 cost only once the model has trained. The
 TV metrics (``fedsparse/tv_mean``, ``tv_max``: |π_sg − θ_g|, π at upload, θ at round start)
 are taken over the round's clients and the *surviving* groups (pruned groups have TV ≈ 0 and
 would only dilute the mean). A group whose initial norm is below ``T·logit(init_theta)``
@@ -71,7 +73,7 @@ from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adamax, app
 from fedcomm.types import Params
 
 # per-client tensors of the local step (LocalJob.frozen / live keys)
-GATE, NOISE, THETA, SIZE, ALIVE, ANCHOR = "gate.", "u.", "theta.", "size.", "alive.", "anchor."
+GATE, NOISE, THETA, COST, ALIVE, ANCHOR = "gate.", "u.", "theta.", "l0.", "alive.", "anchor."
 LOGIT = "logit."  # logit π of a group, computed once a step by the forward pass
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete (Louizos et al. 2018, the L0 paper)
 L0_SHIFT = -BETA * math.log(-GAMMA / ZETA)  # ≈ 1.599: P(z > 0) = σ(log α + L0_SHIFT)
@@ -82,6 +84,9 @@ class Config(AlgorithmConfig):
 
     name: Literal["fedsparse"] = "fedsparse"
     lambda0: float = Field(5e-6, ge=0, description="L0 cost per parameter of a kept group")
+    lambda0_from_round: int = Field(
+        1, ge=1, description="ablation: λ0 = 0 in the rounds before this one (1: from the start)"
+    )
     ce_scale: float = Field(1e-4, ge=0, description="c_CE: weight of the gate prior term")
     lam: float = Field(0.0, ge=0, alias="lambda", description="drift λ (FedProx-like) on π")
     T: float = Field(1e-3, gt=0, description="gate temperature")
@@ -219,7 +224,7 @@ def make(cfg: Config) -> FedAlgorithm:
             total = loss
             for s in specs:
                 pi, th = gates(full, s), full[THETA + s.name].clamp(1e-6, 1 - 1e-6)
-                total = total + cfg.lambda0 * (full[SIZE + s.name] * pi).sum()
+                total = total + (full[COST + s.name] * pi).sum()  # λ0 |g| π_g
                 total = total - cfg.ce_scale * (pi * th.log() + (1 - pi) * (1 - th).log()).sum()
                 if cfg.lam:
                     drift = {n: full[n] - full[ANCHOR + n] for n, _ in s.members}
@@ -259,10 +264,11 @@ def make(cfg: Config) -> FedAlgorithm:
             for s in specs
         }
         theta = thetas(w, v, specs)  # held constant during the round
+        l0 = cfg.lambda0 if ctx.round_ >= cfg.lambda0_from_round else 0.0
         frozen: dict[str, Tensor] = {}
         for s in specs:
             frozen[THETA + s.name] = theta[s.name]
-            frozen[SIZE + s.name] = group_sizes(s, w).float()
+            frozen[COST + s.name] = l0 * group_sizes(s, w).float()
             frozen[ALIVE + s.name] = alive[s.name].float()
         if cfg.lam:
             frozen.update({ANCHOR + k: t for k, t in w.items()})

@@ -112,6 +112,25 @@ def test_pruned_groups_never_come_back(fed: FederatedTensors) -> None:
                 assert torch.all(state.params[name].movedim(axis, 0)[dead] == 0)
 
 
+def test_lambda0_from_round_delays_pruning(fed: FederatedTensors) -> None:
+    """λ0 = 0 before ``lambda0_from_round``: until then the run is the λ0 = 0 run (which prunes
+    only what the data closes), and from then on λ0 prunes more."""
+    strong = {"lambda0": 2e-3, "ce_scale": 1e-4, "gate_lr": 0.05, "gate_server_lr": 0.1}
+
+    def sparsity(cfg: fedsparse.Config) -> list[float]:
+        return [r["model/sparsity"] for r in _run(fed, cfg, rounds=8).state.round_rows]
+
+    now = sparsity(fedsparse.Config(**strong))
+    late = sparsity(fedsparse.Config(**strong, lambda0_from_round=9))
+    off = sparsity(fedsparse.Config(**{**strong, "lambda0": 0.0}))
+    assert now[-1] > off[-1] + 0.1
+    assert late == off
+    later = sparsity(fedsparse.Config(**strong, lambda0_from_round=5))
+    assert later[:4] == off[:4] and later[-1] > off[-1] + 0.05
+    with pytest.raises(ValueError, match="lambda0_from_round"):
+        fedsparse.Config(lambda0_from_round=0)
+
+
 def test_counting_rule_on_a_hand_sized_model() -> None:
     # mlp 4 -> 3 -> 2. Groups: fc1 input features (4; weight 3x4), fc2 input features (3; weight
     # 2x3); biases ungated (3 + 2). Surviving: fc1 [1,1,0,1], fc2 [1,0,1].
