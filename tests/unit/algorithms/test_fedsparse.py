@@ -114,19 +114,20 @@ def test_pruned_groups_never_come_back(fed: FederatedTensors) -> None:
 
 def test_lambda0_from_round_delays_pruning(fed: FederatedTensors) -> None:
     """λ0 = 0 before ``lambda0_from_round``: until then the run is the λ0 = 0 run (which prunes
-    only what the data closes), and from then on λ0 prunes more."""
+    only what the data closes). Switched on after the first rounds, the same λ0 that prunes ~98%
+    from round 1 prunes nothing more: the gates' logits (‖w‖ − softplus v)/T have saturated
+    (the MNIST profile's ``fedsparse_l0late`` shows the same at round 20)."""
     strong = {"lambda0": 2e-3, "ce_scale": 1e-4, "gate_lr": 0.05, "gate_server_lr": 0.1}
 
     def sparsity(cfg: fedsparse.Config) -> list[float]:
         return [r["model/sparsity"] for r in _run(fed, cfg, rounds=8).state.round_rows]
 
     now = sparsity(fedsparse.Config(**strong))
-    late = sparsity(fedsparse.Config(**strong, lambda0_from_round=9))
+    assert sparsity(fedsparse.Config(**strong, lambda0_from_round=1)) == now
     off = sparsity(fedsparse.Config(**{**strong, "lambda0": 0.0}))
-    assert now[-1] > off[-1] + 0.1
-    assert late == off
-    later = sparsity(fedsparse.Config(**strong, lambda0_from_round=5))
-    assert later[:4] == off[:4] and later[-1] > off[-1] + 0.05
+    assert now[-1] > off[-1] + 0.5
+    assert sparsity(fedsparse.Config(**strong, lambda0_from_round=9)) == off  # never on
+    assert sparsity(fedsparse.Config(**strong, lambda0_from_round=3)) == off  # on too late
     with pytest.raises(ValueError, match="lambda0_from_round"):
         fedsparse.Config(lambda0_from_round=0)
 
