@@ -115,8 +115,8 @@ def test_pruned_groups_never_come_back(fed: FederatedTensors) -> None:
 def test_lambda0_from_round_delays_pruning(fed: FederatedTensors) -> None:
     """λ0 = 0 before ``lambda0_from_round``: until then the run is the λ0 = 0 run (which prunes
     only what the data closes). Switched on after the first rounds, the same λ0 that prunes ~98%
-    from round 1 prunes nothing more: the gates' logits (‖w‖ − softplus v)/T have saturated
-    (the MNIST profile's ``fedsparse_l0late`` shows the same at round 20)."""
+    from round 1 prunes nothing more (presumably because the gates' logits (‖w‖ − softplus v)/T
+    have saturated; the MNIST profile's ``fedsparse_l0late`` shows the same at round 20)."""
     strong = {"lambda0": 2e-3, "ce_scale": 1e-4, "gate_lr": 0.05, "gate_server_lr": 0.1}
 
     def sparsity(cfg: fedsparse.Config) -> list[float]:
