@@ -60,6 +60,10 @@ Server (``aggregation``; Eq. 10 reads three ways, spec §2.3 [AMB]):
   issue 15's check, it falls to 10% by round 60 with ``‖fc1.W‖ → 0.002``, with or without the
   KL), so it is not the default; kept as the literal reading (``docs/reproductions/fedbiad.md``).
 
+``next_columns``: the next layer's input columns that read a dropped row are sent whole, but
+no gradient reaches them at that client (their input is 0); ``all`` (default: Eq. 10 over the
+uploaded weights) averages them over every client, ``holders`` over the clients that kept the
+row (FedDrop's rule; sequential mlp/cnn only; the server's rule alone, the bits are the same).
 The averaging rule gives ``Δ = U_agg − U_{r−1}``, and
 ``U_r = U_{r−1} + server_opt(Δ)`` (default ``sgd``, lr 1: exactly the rule above). The download
 is the dense ``U_{r−1}`` (32·N bits); the global model evaluated is ``θ = U_r``.
@@ -82,7 +86,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs, _local
+from fedcomm.algorithms import _jobs, _local, feddrop
 from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
@@ -100,6 +104,7 @@ from fedcomm.algorithms.base import (
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Entry, Free, Payload
 from fedcomm.models.groups import GroupSpec, expand_mask, rows
+from fedcomm.models.vision import MLP, ConvNet
 from fedcomm.server_opt import OptState, apply_step
 from fedcomm.types import Params
 
@@ -149,6 +154,13 @@ class Config(AlgorithmConfig):
     pattern_scope: Literal["layer", "global"] = "layer"
     B: int = Field(2, ge=2, description="weight bound B of Eq. 13")
     weighting: Literal["num_examples", "uniform"] = "num_examples"
+    next_columns: Literal["all", "holders"] = Field(
+        "all",
+        description="the next layer's input columns that read a dropped row (sent whole, "
+        "unchanged by the client): all (default: averaged over every client, as Eq. 10 over "
+        "the uploaded weights) or holders (averaged over the clients that kept the row, "
+        "FedDrop's convention; sequential mlp/cnn models only). Server-side only: same bits",
+    )
 
 
 @dataclass(frozen=True)
@@ -364,6 +376,19 @@ def aggregate(
     return out, held
 
 
+def holder_masks(
+    model: nn.Module | None,
+    specs: Sequence[GroupSpec],
+    beta: Mapping[str, Tensor],
+    params: Mapping[str, Tensor],
+) -> dict[str, Tensor]:
+    """``next_columns: holders``: the entry masks of ``β`` plus, in the next layer, the input
+    columns reading each dropped row (FedDrop's sub-model masks; every parameter present)."""
+    layers = feddrop.unit_layers(model)  # ValueError for non-sequential models
+    whole = {s.name: torch.ones(s.count, dtype=torch.bool) for s in layers}
+    return feddrop.param_masks(layers, whole | {s.name: beta[s.name] for s in specs}, params)
+
+
 def encode_upload(
     params: Mapping[str, Tensor], specs: Sequence[GroupSpec], beta: Mapping[str, Tensor]
 ) -> Payload:
@@ -407,6 +432,14 @@ def make(cfg: Config) -> FedAlgorithm:
         state: ServerState, client_id: int, cstate: ClientState, ctx: RoundContext
     ) -> Payload:
         return encode_dense(state.params)  # 32·N
+
+    def check_model(model: nn.Module) -> None:
+        validate_model(model)
+        if cfg.next_columns == "holders" and not isinstance(model, MLP | ConvNet):
+            raise ValueError(
+                "fedbiad: next_columns 'holders' needs a sequential model (mlp, cnn, "
+                f"mnist_cnn), not {type(model).__name__}; use next_columns: all"
+            )
 
     programs: dict[tuple[int, bool], tuple[nn.Module, _jobs.LocalProgram]] = {}
 
@@ -564,6 +597,8 @@ def make(cfg: Config) -> FedAlgorithm:
             beta = {s.name: u.tensors[MASK + s.name].bool() for s in state.specs}
             update = decode_groups(u.tensors, state.params, state.specs, beta)  # 0 off the rows
             masks = entry_masks(state.specs, beta, state.params)
+            if cfg.next_columns == "holders":  # + the next layer's columns reading dropped rows
+                masks = holder_masks(ctx.model, state.specs, beta, state.params)
             values.append(  # β_k ∘ U_k
                 {
                     k: torch.where(masks[k], p + update[k], 0.0) if k in masks else p + update[k]
@@ -588,7 +623,7 @@ def make(cfg: Config) -> FedAlgorithm:
         server_update=server_update,
         global_params=lambda s: s.params,
         uploaded_model=uploaded_model,
-        validate_model=validate_model,
+        validate_model=check_model,
     )
 
 

@@ -370,3 +370,40 @@ def test_kl_weight_by_hand() -> None:
     assert fedbiad.kl_weight(fedbiad.Config(kl=False), 56, 3, 20) == 0.0
     with pytest.raises(ValidationError):
         fedbiad.Config(kl_samples="all")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("next_columns", "column_1"), [("all", 5.0), ("holders", 4.0)])
+def test_next_columns_averages_a_dropped_rows_readers_over_its_holders(
+    next_columns: str, column_1: float
+) -> None:
+    # mlp 3-2-2, output rows kept: A (|D| = 1) keeps hidden unit 0 only, B (|D| = 3) both. Both
+    # upload fc2 whole, A with +8 everywhere, B with +4. fc2's column 0 (read by both): (8 + 12)/4
+    # = 5; column 1 reads A's dropped unit: all 5, holders only B's 4. fc2.bias is read by no
+    # row: 5 either way. Bits are the same: this is the server's rule only.
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 1, 3), num_classes=2, hidden=[2])
+    prev = _params(model)
+    specs = fedbiad.row_specs(model, False)
+    cfg = fedbiad.Config(drop_output_layer=False, next_columns=next_columns)  # type: ignore[arg-type]
+    alg = build_algorithm(cfg)
+    state = alg.init_server(prev, RoundContext(0, torch.Generator(), 0, model))
+    uplinks = [
+        Uplink(k, n, fedbiad.encode_upload(
+            {name: torch.full_like(t, up) for name, t in prev.items()}, specs,
+            {"fc1": torch.tensor(keep)}).decode())
+        for k, (n, up, keep) in enumerate([(1, 8.0, [True, False]), (3, 4.0, [True, True])])
+    ]  # fmt: skip
+    new = alg.server_update(state, uplinks, RoundContext(1, torch.Generator(), 0, model))
+    step = {k: new.params[k] - prev[k] for k in prev}
+    torch.testing.assert_close(step["fc2.weight"][:, 0], torch.full((2,), 5.0))
+    torch.testing.assert_close(step["fc2.weight"][:, 1], torch.full((2,), column_1))
+    torch.testing.assert_close(step["fc2.bias"], torch.full((2,), 5.0))
+    torch.testing.assert_close(step["fc1.weight"][1], torch.full((3,), 4.0))  # masked: B's
+
+
+def test_next_columns_holders_refuses_a_recurrent_model() -> None:
+    alg = build_algorithm(fedbiad.Config(next_columns="holders"))
+    assert alg.validate_model is not None
+    alg.validate_model(_mlp([8]))
+    with pytest.raises(ValueError, match="next_columns 'holders' needs a sequential model"):
+        alg.validate_model(_lstm())
