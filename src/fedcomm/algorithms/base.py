@@ -258,6 +258,22 @@ def split_members(params: Mapping[str, Tensor]) -> list[Params]:
     return [members[k] for k in sorted(members)]
 
 
+def sender_mean(tensors: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:
+    """``Σ_k w_k t_k / Σ_{k: t_k ≠ 0} w_k`` per entry (0 where every ``t_k`` is 0): each entry
+    averaged over the clients whose decoded upload carries it, e.g. a top-k upload's positions."""
+    if not tensors or float(sum(weights)) <= 0:
+        raise ValueError(f"sender_mean needs tensors and weights summing to > 0, got {weights}")
+    out: Params = {}
+    for name in tensors[0]:
+        num = torch.zeros_like(tensors[0][name])
+        den = torch.zeros_like(num)
+        for t, w in zip(tensors, weights, strict=True):
+            num.add_(t[name], alpha=w)
+            den.add_((t[name] != 0).to(num.dtype), alpha=w)
+        out[name] = torch.where(den > 0, num / den.clamp_min(1e-30), 0.0)
+    return out
+
+
 def weighted_mean(
     tensors: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],

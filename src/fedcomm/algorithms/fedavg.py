@@ -6,7 +6,8 @@ Optimization", ICLR 2021 (arXiv:2003.00295).
 
 Round ``t``: the server sends ``w_t`` densely; client ``k`` runs local SGD from ``w_t`` and
 uploads ``Δ_k = w_k − w_t`` densely; the server forms ``Δ = Σ_k n_k Δ_k / Σ_k n_k`` (or the
-uniform mean) and applies ``w_{t+1} = w_t + server_opt(Δ)``. With ``server.optimizer=sgd`` and
+uniform mean; ``average: senders``: each entry over the clients whose sparse upload carries it)
+and applies ``w_{t+1} = w_t + server_opt(Δ)``. With ``server.optimizer=sgd`` and
 ``lr=1`` this is plain model averaging.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import Field
 from torch import Tensor
 
 from fedcomm.algorithms import _jobs, _local
@@ -30,6 +32,7 @@ from fedcomm.algorithms.base import (
     client_weights,
     clone_params,
     register,
+    sender_mean,
     subtract,
     weighted_mean,
 )
@@ -42,6 +45,12 @@ from fedcomm.types import Params
 class Config(AlgorithmConfig):
     name: Literal["fedavg"] = "fedavg"
     weighting: Literal["num_examples", "uniform"] = "num_examples"
+    average: Literal["all", "senders"] = Field(
+        "all",
+        description="all (default): Δ = Σ_k n_k Δ_k / Σ_k n_k over every client; senders: each "
+        "entry over the clients whose decoded upload is non-zero there (a sparse uplink's "
+        "positions, e.g. DGC's top-k), not diluted by the clients that did not send it",
+    )
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ def make(
     cfg: AlgorithmConfig,
     weighting: str,
     anchored_hook: _local.GradHook | None = None,
+    average: str = "all",
 ) -> FedAlgorithm:
     """FedAvg's functions; ``anchored_hook(full, grads)`` adds a local gradient term that reads
     ``w_t`` as ``full[ANCHOR + name]`` (FedProx)."""
@@ -88,7 +98,8 @@ def make(
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
     ) -> ServerState:
-        delta = weighted_mean([u.tensors for u in uplinks], client_weights(uplinks, weighting))
+        mean = sender_mean if average == "senders" else weighted_mean
+        delta = mean([u.tensors for u in uplinks], client_weights(uplinks, weighting))
         step, opt_state = opt.update(delta, state.opt_state)
         return ServerState(apply_step(state.params, step), opt_state)
 
@@ -108,4 +119,4 @@ def make(
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    return make(cfg, cfg.weighting)
+    return make(cfg, cfg.weighting, average=cfg.average)
