@@ -122,6 +122,12 @@ class Config(AlgorithmConfig):
     client_momentum: Literal["reset", "persistent"] = Field(
         "reset", description="client SGD momentum fresh each round, or kept per client"
     )
+    grow_from: Literal["trained", "init"] = Field(
+        "trained",
+        description="trained (the paper): a stage starts from the previous stage's weights; "
+        "init (ablation): every parameter returns to its initial value at each growth, so the "
+        "last stage is end-to-end training over ProgFed's remaining rounds and lr schedule",
+    )
     warmup_charge: WarmupCharge = Field(
         "sent",
         description="cost of a warm-up round: sent = M^s down, E_s + G_s up (what is sent); "
@@ -259,6 +265,7 @@ class ServerState:
     submodels: tuple[tuple[str, ...], ...]  # parameter names of M^1 … M^S
     round_: int = 0  # rounds completed
     metrics: Mapping[str, float] = field(default_factory=dict)
+    init: Params = field(default_factory=dict)  # the initial parameters (``grow_from: init``)
 
 
 @dataclass(frozen=True)
@@ -367,7 +374,8 @@ def build(cfg: Config) -> FedAlgorithm:
         ph = phase(1)
         sub = {k: params[k] for k in trained(net, ph)}
         subs = tuple(tuple(net.submodel_params(s)) for s in range(1, cfg.stages + 1))
-        return ServerState(clone_params(params), opt.init(sub), subs, 0, stats(net, ph))
+        init = clone_params(params) if cfg.grow_from == "init" else {}
+        return ServerState(clone_params(params), opt.init(sub), subs, 0, stats(net, ph), init)
 
     def broadcast(state: ServerState, cid: int, cstate: object, ctx: RoundContext) -> Payload:
         net = _net(ctx.model)
@@ -434,9 +442,13 @@ def build(cfg: Config) -> FedAlgorithm:
         params = dict(state.params)
         for k, s in step.items():
             params[k] = params[k] + s
+        if nxt.stage != ph.stage and cfg.grow_from == "init":  # ablation: forget the stage
+            params = clone_params(state.init)
         if (nxt.stage, nxt.warmup) != (ph.stage, ph.warmup):  # growth or end of warm-up
             opt_state = opt.init({k: params[k] for k in trained(net, nxt)})
-        return ServerState(params, opt_state, state.submodels, ctx.round_, stats(net, ph))
+        return ServerState(
+            params, opt_state, state.submodels, ctx.round_, stats(net, ph), state.init
+        )
 
     def global_params(state: ServerState) -> Params:
         # the sub-model of the last completed round (round 1's before training)

@@ -138,6 +138,30 @@ def test_growth_copies_trained_blocks_and_warmup_freezes_them(fed: FederatedTens
     assert sorted(final) == sorted(n for n, _ in _cnn(fed).named_parameters())
 
 
+@pytest.mark.parametrize("grow_from", ["trained", "init"])
+def test_grow_from_init_forgets_the_early_stages(fed: FederatedTensors, grow_from: str) -> None:
+    # T = 6, S = 3: stage 1 is round 1, stage 2 round 2, stage 3 rounds 3-6. After round 2 the
+    # net grows to the full model: from the trained blocks (the paper) or, as the ablation
+    # `grow_from: init`, from the initial parameters, every one of them
+    cfg = Config(stages=3, grow_from=grow_from).with_rounds(6)  # type: ignore[arg-type]
+    alg = build_algorithm(cfg)
+    net = alg.prepare_model(_cnn(fed), 3) if alg.prepare_model else None
+    assert isinstance(net, ProgressiveNet)
+    init = {k: v.detach().clone() for k, v in net.named_parameters()}
+
+    def server_after(rounds: int) -> dict[str, torch.Tensor]:
+        lcfg = loop.LoopConfig(
+            rounds=rounds, clients_per_round=3, local=LocalConfig(lr=0.05), seed=3
+        )
+        res = loop.run(lcfg, alg, _cnn(fed), fed, build_compressor("none"), config_hash="gi")
+        return dict(res.state.server.params)
+
+    at_growth, trained = server_after(2), server_after(3)
+    reset = all(torch.equal(at_growth[k], init[k]) for k in init)
+    assert reset == (grow_from == "init")
+    assert not all(torch.equal(trained[k], init[k]) for k in init)  # stage 3 trains either way
+
+
 def test_one_stage_with_fedavg_settings_is_fedavg(fed: FederatedTensors) -> None:
     """``stages: 1`` with a constant lr, example weighting and no guard is plain FedAvg."""
     a = _run(fed, 3, stages=1, lr_schedule="constant", weighting="num_examples", skip_loss=None)
