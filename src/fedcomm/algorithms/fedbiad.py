@@ -104,7 +104,6 @@ from fedcomm.algorithms.base import (
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Entry, Free, Payload
 from fedcomm.models.groups import GroupSpec, expand_mask, rows
-from fedcomm.models.vision import MLP, ConvNet
 from fedcomm.server_opt import OptState, apply_step
 from fedcomm.types import Params
 
@@ -435,11 +434,15 @@ def make(cfg: Config) -> FedAlgorithm:
 
     def check_model(model: nn.Module) -> None:
         validate_model(model)
-        if cfg.next_columns == "holders" and not isinstance(model, MLP | ConvNet):
+        if cfg.next_columns != "holders":
+            return
+        try:
+            feddrop.unit_layers(model)  # the sequential chains holder_masks works on
+        except ValueError:
             raise ValueError(
                 "fedbiad: next_columns 'holders' needs a sequential model (mlp, cnn, "
                 f"mnist_cnn), not {type(model).__name__}; use next_columns: all"
-            )
+            ) from None
 
     programs: dict[tuple[int, bool], tuple[nn.Module, _jobs.LocalProgram]] = {}
 
@@ -596,9 +599,11 @@ def make(cfg: Config) -> FedAlgorithm:
         for u in uplinks:
             beta = {s.name: u.tensors[MASK + s.name].bool() for s in state.specs}
             update = decode_groups(u.tensors, state.params, state.specs, beta)  # 0 off the rows
-            masks = entry_masks(state.specs, beta, state.params)
-            if cfg.next_columns == "holders":  # + the next layer's columns reading dropped rows
-                masks = holder_masks(ctx.model, state.specs, beta, state.params)
+            masks = (  # holders: + the next layer's columns reading dropped rows
+                holder_masks(ctx.model, state.specs, beta, state.params)
+                if cfg.next_columns == "holders"
+                else entry_masks(state.specs, beta, state.params)
+            )
             values.append(  # β_k ∘ U_k
                 {
                     k: torch.where(masks[k], p + update[k], 0.0) if k in masks else p + update[k]
