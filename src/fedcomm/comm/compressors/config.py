@@ -27,6 +27,12 @@ class DgcCompressor(Strict):
     density: float = Field(0.001, gt=0, le=1, description="kept fraction after the warm-up")
     warmup_rounds: int = Field(4, ge=0, description="rounds of density max(density, 0.25**r)")
     index_bits: int = Field(64, ge=1, description="bits per position (FedBIAD counts 64)")
+    scope: Literal["tensor", "model"] = Field(
+        "tensor", description="top-k per tensor, or one top-k over the whole update"
+    )
+    vectors: Literal["compress", "dense"] = Field(
+        "compress", description="1-D parameters (biases) compressed, or sent dense (DGC's code)"
+    )
 
 
 class StcCompressor(Strict):

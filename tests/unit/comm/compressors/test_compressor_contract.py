@@ -62,6 +62,8 @@ def test_compressor_config_validates_and_builds() -> None:
         "density": 0.01,
         "warmup_rounds": 4,
         "index_bits": 64,
+        "scope": "tensor",
+        "vectors": "compress",
     }
     assert build_compressor(cfg.name, **cfg.model_dump(exclude={"name"})).name == "dgc"
     assert validate_params(tiny_params()).train.compressor.name == "none"
@@ -74,7 +76,7 @@ def test_compressor_config_validates_and_builds() -> None:
         (
             {"name": "dgc", "ratio": 0.1},
             "train.compressor.ratio: Extra inputs are not permitted (got 0.1; "
-            "allowed keys: density, index_bits, name, warmup_rounds)",
+            "allowed keys: density, index_bits, name, scope, vectors, warmup_rounds)",
         ),
         ({"name": "stc", "density": 0}, "train.compressor.density: Input should be greater"),
         ({"name": "fedpaq", "levels": 0}, "train.compressor.levels"),

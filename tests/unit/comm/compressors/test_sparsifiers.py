@@ -158,3 +158,43 @@ def test_residuals_follow_coordinates_of_masked_uploads() -> None:
     expected[m2] += update[m2]  # a = r + Δ at the kept coordinates only
     torch.testing.assert_close(sent2 + r2, expected)
     assert torch.equal(r2[~m2], r1[~m2])  # coordinates not sent keep their residual
+
+
+def test_dgc_model_scope_takes_one_top_k_over_all_entries() -> None:
+    # N = 4 + 2 = 6, density 0.5 -> k = 3 over everything: 10 (w), 6 and 5 (b). Per tensor
+    # the same update sends ceil(0.5·4) = 2 of w (10, 0.3) and 1 of b (6).
+    w = torch.tensor([[10.0, 0.1], [0.2, 0.3]])
+    b = torch.tensor([5.0, 6.0])
+    payload = encode_dense({"w": w, "b": b})
+    model = build_compressor("dgc", density=0.5, warmup_rounds=0, scope="model")
+    out, state = model.encode(payload, model.init(), _gen(), 1)
+    assert out["w"].positions.tolist() == [0] and out["b"].positions.tolist() == [0, 1]  # type: ignore[attr-defined]
+    assert out.nbits().payload == 3 * 32
+    for name, full in (("w", w), ("b", b)):  # sent + residual == the update, entry by entry
+        torch.testing.assert_close(out[name].decode().reshape(-1) + state[name], full.reshape(-1))
+    per_tensor = build_compressor("dgc", density=0.5, warmup_rounds=0)
+    out_t, _ = per_tensor.encode(payload, per_tensor.init(), _gen(), 1)
+    assert out_t["w"].positions.tolist() == [0, 3] and out_t["b"].positions.tolist() == [1]  # type: ignore[attr-defined]
+
+
+def test_dgc_dense_vectors_sends_biases_as_they_are() -> None:
+    from fedcomm.comm.payload import Dense, Free
+
+    w, b = torch.randn(4, 5, generator=_gen()), torch.randn(4, generator=_gen(1))
+    comp = build_compressor("dgc", density=0.1, warmup_rounds=0, vectors="dense")
+    out, state = comp.encode(encode_dense({"w": w, "b": b}), comp.init(), _gen(), 1)
+    assert isinstance(out["b"], Dense) and torch.equal(out["b"].values, b)
+    assert set(state) == {"w"}  # no residual for a vector sent whole
+    assert isinstance(out["w"], Sparse) and out["w"].values.numel() == 2
+    assert out.nbits().total == 2 * (32 + 64) + 4 * 32
+    # a masked entry is flat, but its parameter (the keep/ mask) is 2-D: still compressed
+    keep = torch.zeros(4, 5, dtype=torch.bool)
+    keep[:2] = True
+    masked = Payload({"w/x": Dense(w[keep]), "keep/x": Free(keep)})
+    out_m, _ = comp.encode(masked, comp.init(), _gen(), 1)
+    assert isinstance(out_m["w/x"], Sparse) and out_m["w/x"].values.numel() == 1
+
+
+def test_dgc_rejects_unknown_readings() -> None:
+    with pytest.raises(ValueError, match="scope must be tensor"):
+        build_compressor("dgc", scope="layer")
