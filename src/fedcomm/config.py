@@ -461,9 +461,14 @@ def format_errors(err: ValidationError, source: str, raw: Any = None) -> str:
             shown = repr(value)
         loc = ".".join(parts) or "<top level>"
         if e["type"] == "value_error" and isinstance(value, dict):  # a cross-field check
-            lines.append(f"  - {loc}: {e['msg'].removeprefix('Value error, ')}")
+            msg = e["msg"].removeprefix("Value error, ")
+            field, _, rest = msg.partition(" ")  # "alpha must be > 0" names its key:
+            if field in value and rest.startswith("must "):  # -> "partition.alpha: must be > 0"
+                loc, msg = ".".join([*parts, field]), rest
+            lines.append(f"  - {loc}: {msg}")
         else:
-            lines.append(f"  - {loc}: {e['msg']} (got {shown}{allowed})")
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  - {loc}: {msg} (got {shown}{allowed})")
     return "\n".join(lines)
 
 

@@ -48,7 +48,7 @@ def test_tiny_params_validate() -> None:
             "train.clients_per_round=9 exceeds partition.num_partitions=8",
         ),
         ({"data.dataset": {"name": "cifar10", "label": "fine"}}, "allowed keys: name"),
-        ({"partition.alpha": -0.5}, "alpha must be > 0"),
+        ({"partition.alpha": -0.5}, "partition.alpha: must be > 0 (got -0.5)"),
         ({"partition.kind": "random"}, "partition.kind: Input tag 'random' found using 'kind'"),
         (
             {"algorithms.fedprox.mu": -1},
@@ -73,7 +73,7 @@ def test_tiny_params_validate() -> None:
         ({"evaluate.upload_caps_gib": [1.0, 0.0]}, "evaluate.upload_caps_gib.1"),
         (
             {"partition": {"kind": "lotteryfl", "num_partitions": 8, "test_fraction": 0.2}},
-            "test_fraction must be 0 for lotteryfl (got 0.2)",
+            "partition.test_fraction: must be 0 for lotteryfl (got 0.2)",
         ),
     ],
 )

@@ -25,7 +25,14 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedcomm.config import (
     ConfigError,
@@ -178,10 +185,15 @@ class Sweep(_Strict):
     max_failures: int | None = Field(None, ge=1, description="stop after this many failed trials")
     space: dict[str, Distribution] = Field(min_length=1)
 
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):  # a field check, so it is reported with the others
+            raise ValueError(f"seeds has duplicates: {seeds}")
+        return seeds
+
     @model_validator(mode="after")
     def _checks(self) -> Sweep:
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds has duplicates: {self.seeds}")
         multi = self.objective.kind == "multi"
         if multi and self.pruner is not None and self.pruner.name != "none":
             raise ValueError(
@@ -255,50 +267,70 @@ def trial_params(sweep: Sweep, base_raw: dict[str, Any], values: dict[str, Any])
 def load_sweep(path: Path, root: Path | None = None) -> tuple[Sweep, dict[str, Any]]:
     """Read and validate a space file and its base params (relative to ``root``, default the
     space file's project: the current directory). Returns the sweep and the base params' raw
-    mapping (what trials modify)."""
+    mapping (what trials modify). Every problem found is reported at once: the file's own
+    (ranges, objective, ...) and its keys' (unknown, reserved, another run's)."""
     data = read_yaml_mapping(path, "search space")
     data.setdefault("study", path.stem)
     try:
-        sweep = Sweep.model_validate(data)
+        sweep: Sweep | None = Sweep.model_validate(data)
+        problems: list[str] = []
     except ValidationError as err:
-        raise ConfigError(format_errors(err, str(path), data)) from None
-    base_path = (root or Path.cwd()) / sweep.base
-    base_raw = read_yaml_mapping(base_path)
-    base = validate_params(base_raw, str(base_path))  # the base itself must be valid
-    if sweep.run not in base.algorithms:
-        raise ConfigError(
-            f"{path}: run={sweep.run!r} is not a key of {sweep.base}'s algorithms "
-            f"(allowed: {sorted(base.algorithms)})"
-        )
-    check_space(sweep, base, base_raw, str(path))
+        sweep, problems = None, format_errors(err, str(path), data).splitlines()[1:]
+    base_raw: dict[str, Any] = {}
+    base_name = sweep.base if sweep is not None else data.get("base")
+    run = sweep.run if sweep is not None else data.get("run")
+    if isinstance(base_name, str) and isinstance(run, str):
+        base_path = (root or Path.cwd()) / base_name
+        base_raw = read_yaml_mapping(base_path)
+        base = validate_params(base_raw, str(base_path))  # the base itself must be valid
+        if run not in base.algorithms:
+            problems.append(
+                f"  - run={run!r} is not a key of {base_name}'s algorithms "
+                f"(allowed: {sorted(base.algorithms)})"
+            )
+        full = base.model_dump(mode="json", by_alias=True)
+        space = data.get("space")
+        if isinstance(space, dict):
+            problems += [f"  - {p}" for p in _key_problems(list(space), run, full)]
+        if sweep is not None and not problems:
+            problems += [f"  - {p}" for p in _value_problems(sweep, base_raw, full)]
+    if problems:
+        raise ConfigError("\n".join([f"{path}: {len(problems)} invalid value(s):", *problems]))
+    assert sweep is not None
     return sweep, base_raw
 
 
-def check_space(sweep: Sweep, base: Params, base_raw: dict[str, Any], where: str) -> None:
-    """Every key exists in the (defaults-filled) params; every bound and choice validates."""
-    full = base.model_dump(mode="json", by_alias=True)
-    for key, dist in sweep.space.items():
+def _key_problems(keys: list[str], run: str, full: dict[str, Any]) -> list[str]:
+    """Each swept key must exist in the (defaults-filled) params and reach the tuned run."""
+    out = []
+    for key in keys:
         if key.startswith("experiment."):
-            raise ConfigError(f"{where}: space.{key}: `experiment` is set by the sweep itself")
-        if key.startswith("algorithms.") and not key.startswith(f"algorithms.{sweep.run}."):
-            raise ConfigError(
-                f"{where}: space.{key}: only `algorithms.{sweep.run}.*` reaches the tuned run "
-                f"(run: {sweep.run})"
-            )
-        ok, available = has_dotted(full, key)
-        if not ok:
-            hint = f" (available there: {', '.join(available)})" if available else ""
-            raise ConfigError(f"{where}: space.{key}: no such params key{hint}")
+            out.append(f"space.{key}: `experiment` is set by the sweep itself")
+        elif key.startswith("algorithms.") and not key.startswith(f"algorithms.{run}."):
+            out.append(f"space.{key}: only `algorithms.{run}.*` reaches the tuned run (run: {run})")
+        else:
+            ok, available = has_dotted(full, key)
+            if not ok:
+                hint = f" (available there: {', '.join(available)})" if available else ""
+                out.append(f"space.{key}: no such params key{hint}")
+    return out
+
+
+def _value_problems(sweep: Sweep, base_raw: dict[str, Any], full: dict[str, Any]) -> list[str]:
+    """Each distribution's type fits its key, and every corner value validates as params."""
+    out = []
+    for key, dist in sweep.space.items():
         current = leaf(full, key)
         if dist.type == "float" and isinstance(current, int) and not isinstance(current, bool):
-            raise ConfigError(
-                f"{where}: space.{key}: a float distribution on an integer key "
-                f"(its value is {current}); use type: int"
+            out.append(
+                f"space.{key}: a float distribution on an integer key (its value is {current}); "
+                "use type: int"
             )
+            continue
         for value in dist.corners():
             try:
                 trial_params(sweep, base_raw, {key: value})
             except ConfigError as err:
-                raise ConfigError(
-                    f"{where}: space.{key}: the value {value!r} is rejected by the params: {err}"
-                ) from None
+                out.append(f"space.{key}: the value {value!r} is rejected by the params: {err}")
+                break
+    return out

@@ -128,3 +128,25 @@ def test_fingerprint_changes_with_space_and_base_not_with_trials(tmp_path: Path)
     c, _ = load_sweep(write(tmp_path, {**ok, "seeds": [0, 1]}), tmp_path)
     assert c.fingerprint(base) != a.fingerprint(base)
     assert a.fingerprint({**base, "train": {"rounds": 9}}) != a.fingerprint(base)
+
+
+def test_every_problem_of_a_space_is_reported_at_once(tmp_path: Path) -> None:
+    space = {
+        "space": {
+            "algorithms.fedsparse.lambda0": {"type": "float", "low": 1e-3, "high": 1e-5},
+            "train.local.lrr": {"type": "float", "low": 0.1, "high": 1.0},
+            "experiment.seeds": {"type": "categorical", "choices": [0]},
+        },
+        "seeds": [1, 1],
+    }
+    with pytest.raises(ConfigError) as err:
+        load_sweep(write(tmp_path, space), tmp_path)
+    text = str(err.value)
+    assert "4 invalid value(s)" in text, text
+    for fragment in (
+        "low=0.001 must be < high=1e-05",
+        "space.train.local.lrr: no such params key",
+        "space.experiment.seeds: `experiment` is set by the sweep itself",
+        "seeds has duplicates",
+    ):
+        assert fragment in text, (fragment, text)
