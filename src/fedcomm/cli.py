@@ -27,12 +27,13 @@ def user_errors() -> Iterator[None]:
     """Bad input (params, missing or stale data, impossible partitions) -> one clear message on
     stderr and exit status 2, instead of a traceback. Bugs still raise."""
     from fedcomm.data.datasets import DatasetNotFoundError
-    from fedcomm.data.federated import StalePartitionError
+    from fedcomm.data.federated import PartitionFileError, StalePartitionError
     from fedcomm.data.partitioners import PartitionError
 
+    errors = (ConfigError, DatasetNotFoundError, StalePartitionError, PartitionFileError)
     try:
         yield
-    except (ConfigError, DatasetNotFoundError, StalePartitionError, PartitionError) as err:
+    except (*errors, PartitionError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 

@@ -57,6 +57,14 @@ class StalePartitionError(ValueError):
     """A stored partition was built from other data or another spec than expected."""
 
 
+class PartitionFileError(ValueError):
+    """A stored partition's file is missing, empty, truncated or not what this version wrote."""
+
+
+class MissingPartitionError(PartitionFileError, FileNotFoundError):
+    """The partition directory or one of its files does not exist."""
+
+
 @dataclass(frozen=True)
 class PartitionSpec:
     """Everything that determines a partition, besides the dataset itself.
@@ -351,22 +359,52 @@ def write_partition(
         raise
 
 
+_MANIFEST_KEYS = ("hash", "num_clients", "num_classes")
+
+
 def _read_manifest(out_dir: Path) -> dict[str, Any]:
     missing = [name for name in _FILES if not (out_dir / name).is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise MissingPartitionError(
             f"no complete partition at {out_dir}: missing {', '.join(missing)}. "
             "Run `dvc repro partition` (or `fedcomm partition`) to create it."
         )
-    manifest: dict[str, Any] = json.loads((out_dir / MANIFEST).read_text())
+    path = out_dir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PartitionFileError(f"{path} is not valid JSON ({err}). {_REBUILD}") from None
+    if not isinstance(manifest, dict) or any(k not in manifest for k in _MANIFEST_KEYS):
+        raise PartitionFileError(
+            f"{path} lacks {', '.join(_MANIFEST_KEYS)} (written by another fedcomm version?). "
+            + _REBUILD
+        )
     return manifest
+
+
+def _read_assignments(out_dir: Path) -> pl.DataFrame:
+    """``assignments.parquet`` with its columns checked; a clear error if it cannot be read."""
+    path = out_dir / ASSIGNMENTS
+    try:
+        table = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise PartitionFileError(f"{path} cannot be read ({first}). {_REBUILD}") from None
+    if not {"client_id", "split", "row"} <= set(table.columns):
+        raise PartitionFileError(
+            f"{path} has columns {table.columns}, not client_id, split, row "
+            f"(written by another fedcomm version?). {_REBUILD}"
+        )
+    return table.with_columns(pl.col("split").cast(pl.String))
 
 
 def _rows_by_client(table: pl.DataFrame, split: str, num_clients: int) -> tuple[np.ndarray, ...]:
     sub = table.filter(pl.col("split") == split).sort("client_id", "row")
     ids = sub["client_id"].to_numpy()
     if len(ids) and (ids.min() < 0 or ids.max() >= num_clients):
-        raise ValueError(f"{ASSIGNMENTS}: client_id outside 0..{num_clients - 1}")
+        raise PartitionFileError(
+            f"{ASSIGNMENTS}: client_id outside 0..{num_clients - 1}. " + _REBUILD
+        )
     cuts = np.searchsorted(ids, np.arange(1, num_clients))
     return tuple(_frozen(rows) for rows in np.split(sub["row"].to_numpy(), cuts))
 
@@ -383,7 +421,9 @@ def read_partition(out_dir: Path, *, expected_hash: str | None = None) -> Partit
         The stored partition.
 
     Raises:
-        FileNotFoundError: the directory or one of its files is missing.
+        MissingPartitionError: the directory or one of its files is missing (a
+            ``FileNotFoundError``).
+        PartitionFileError: a file is unreadable, truncated or of another layout.
         StalePartitionError: the stored hash differs from ``expected_hash``.
     """
     out_dir = Path(out_dir)
@@ -393,7 +433,7 @@ def read_partition(out_dir: Path, *, expected_hash: str | None = None) -> Partit
             f"partition at {out_dir} is stale: it was built for hash {manifest['hash'][:12]}, "
             f"but the current dataset and partition spec hash to {expected_hash[:12]}. " + _REBUILD
         )
-    table = pl.read_parquet(out_dir / ASSIGNMENTS).with_columns(pl.col("split").cast(pl.String))
+    table = _read_assignments(out_dir)
     k = int(manifest["num_clients"])
     return Partition(
         hash=manifest["hash"],
@@ -408,5 +448,5 @@ def partition_is_current(out_dir: Path, expected_hash: str) -> bool:
     """Whether ``out_dir`` holds a complete partition with hash ``expected_hash``."""
     try:
         return bool(_read_manifest(Path(out_dir))["hash"] == expected_hash)
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+    except PartitionFileError:
         return False
