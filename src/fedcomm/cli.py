@@ -29,11 +29,12 @@ def user_errors() -> Iterator[None]:
     from fedcomm.data.datasets import DatasetNotFoundError
     from fedcomm.data.federated import PartitionFileError, StalePartitionError
     from fedcomm.data.partitioners import PartitionError
+    from fedcomm.simulation.loop import DivergenceError
 
     errors = (ConfigError, DatasetNotFoundError, StalePartitionError, PartitionFileError)
     try:
         yield
-    except (*errors, PartitionError) as err:
+    except (*errors, PartitionError, DivergenceError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 

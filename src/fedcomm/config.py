@@ -331,6 +331,12 @@ class TrainConfig(Strict):
     topk: int = Field(1, ge=1, description="k of topk/accuracy (3 for next-word prediction)")
     checkpoint_every: int = Field(5, ge=1)
     compressor: CompressorConfig = Field(default_factory=NoCompressor)
+    on_divergence: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a client whose training loss is non-finite or above divergence_loss, or "
+        "whose update is non-finite: stop the run (exit 2, MLflow run FAILED) or skip it",
+    )
+    divergence_loss: float = Field(1e6, gt=0, description="a training loss above this diverged")
 
 
 class ExperimentConfig(Strict):

@@ -278,6 +278,8 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         checkpoint_every=t.checkpoint_every,
         backend=t.backend,
         chunk_size=t.chunk_size,
+        on_divergence=t.on_divergence,
+        divergence_loss=t.divergence_loss,
     )
 
 

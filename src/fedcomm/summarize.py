@@ -201,6 +201,26 @@ def budget_and_target_sections(
     return sections
 
 
+def divergence_notes(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> list[str]:
+    """One warning per seed run that left diverged clients out (``train.on_divergence: skip``):
+    its numbers come from fewer clients than configured."""
+    notes = []
+    for run, tables in rounds.items():
+        for seed, t in zip(params.experiment.seeds, tables, strict=True):
+            if "train/diverged_clients" not in t.columns:
+                continue
+            hit = t.filter(pl.col("train/diverged_clients") > 0)
+            if hit.height:
+                total = int(hit["train/diverged_clients"].sum())
+                first = hit["round"].to_list()[0]  # rounds are in order
+                notes.append(
+                    f"**diverged:** `{run}` seed {seed} left {total} diverged client update(s) "
+                    f"out of {hit.height} round(s), first in round {first} "
+                    "(train.on_divergence: skip); its numbers are not a clean run's"
+                )
+    return notes
+
+
 def _metric_name(params: Params) -> str:
     """``evaluate.metric`` in words: "global accuracy" or "top-3 accuracy"."""
     if params.evaluate.metric == "topk/accuracy":
@@ -217,6 +237,7 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         title=params.summarize.title,
         sections=budget_and_target_sections(summaries, _metric_name(params)),
         metric=params.evaluate.metric,
+        notes=divergence_notes(params, rounds),
     )
     atomic.write_json(paths.reports / "metrics.json", headline(summaries))
     table = curves(params, rounds)

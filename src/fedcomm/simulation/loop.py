@@ -77,6 +77,23 @@ class LoopConfig:
     checkpoint_every: int = 5
     backend: str = "sequential"  # "sequential" | "vectorized" (see simulation.backends)
     chunk_size: int = 128  # vectorized: clients trained as one batch at most
+    on_divergence: str = "stop"  # "stop" | "skip" a diverged client (see DivergenceError)
+    divergence_loss: float = 1e6
+
+
+class DivergenceError(RuntimeError):
+    """A client's training loss is non-finite or exploded, or its update is non-finite."""
+
+
+def diverged(loss: float | None, update: Mapping[str, Tensor], limit: float) -> str | None:
+    """Why a client's round diverged, or None: a loss that is NaN, infinite or above ``limit``
+    (``None``: the algorithm reports none), or a non-finite value in its decoded update."""
+    if loss is not None and not loss <= limit:  # NaN compares false
+        return f"training loss {loss:.4g}" + ("" if math.isnan(loss) else f" (limit {limit:g})")
+    for name, t in update.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return f"a non-finite value in its update of {name}"
+    return None
 
 
 @dataclass
@@ -205,6 +222,7 @@ def _one_round(
     train_s: list[float] = []
     losses: list[tuple[float, int]] = []
     client_metrics: list[Mapping[str, float]] = []
+    skipped: list[int] = []  # clients that diverged (train.on_divergence: skip)
 
     def state_of(cid: int) -> Any:
         record = state.clients.get(cid)
@@ -246,8 +264,20 @@ def _one_round(
             local.n,
         )
         loss = result.metrics.get("train/loss", math.nan)
-        client_metrics.append(result.metrics)
-        losses.append((loss, result.num_examples))
+        why = diverged(result.metrics.get("train/loss"), decoded_up, cfg.divergence_loss)
+        if why is not None:
+            if cfg.on_divergence == "stop":
+                raise DivergenceError(
+                    f"round {round_}: client {cid} diverged: {why}. Lower train.local.lr "
+                    f"(now {cfg.local.lr:g}), "
+                    "or set train.on_divergence: skip to leave such clients out"
+                )
+            skipped.append(cid)  # sent and charged, but left out of the aggregation
+            uplinks.pop()
+            payloads.pop()
+        else:
+            client_metrics.append(result.metrics)
+            losses.append((loss, result.num_examples))
         state.client_rows.append(
             {
                 "round": round_,
@@ -259,6 +289,10 @@ def _one_round(
                 "local_loss": local.loss if local.n else None,
                 "test_n": local.n,
             }
+        )
+    if not uplinks:
+        raise DivergenceError(
+            f"round {round_}: every client diverged ({len(skipped)} skipped). Lower train.local.lr"
         )
     t_server = time.perf_counter()
     if compressor.server_hook is not None:  # e.g. SignSGD: every uplink becomes the vote
@@ -284,6 +318,8 @@ def _one_round(
         "time/client_max_s": float(np.max(train_s)),
         "time/server_s": server_s,
     }
+    if skipped:
+        metrics["train/diverged_clients"] = float(len(skipped))
     metrics.update(_local_metrics(state.clients, data.num_clients))
     metrics.update(aggregate_client_metrics(client_metrics))
     metrics.update(
