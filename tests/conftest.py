@@ -85,3 +85,21 @@ def digits_federation(num_clients: int = 6) -> Any:
     spec = PartitionSpec("dirichlet", num_clients, {"alpha": 1.0, "min_partition_size": 20}, 0.2, 0)
     part = make_partition(ds, spec)
     return FederatedTensors.build(ds, part.train, part.test)
+
+
+def small_loop(fed: Any, **cfg: Any) -> tuple[Any, Any]:
+    """A seeded 16-unit MLP for ``fed`` and a 2-round, 3-client loop config (``cfg`` overrides;
+    ``lr`` goes to the local SGD)."""
+    import torch
+
+    from fedcomm.algorithms._local import LocalConfig
+    from fedcomm.models import build_model
+    from fedcomm.simulation import loop
+
+    torch.manual_seed(0)
+    model = build_model(
+        "mlp", input_shape=fed.input_shape, num_classes=fed.num_classes, hidden=[16]
+    )
+    local = LocalConfig(epochs=1, batch_size=16, lr=cfg.pop("lr", 0.05))
+    defaults: dict[str, Any] = {"rounds": 2, "clients_per_round": 3, "seed": 7}
+    return model, loop.LoopConfig(local=local, **(defaults | cfg))

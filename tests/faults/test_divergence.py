@@ -15,13 +15,11 @@ import yaml
 from typer.testing import CliRunner
 
 from fedcomm.algorithms import CONFIGS, build_algorithm
-from fedcomm.algorithms._local import LocalConfig
 from fedcomm.cli import app
 from fedcomm.comm.codecs import Compressor, build_compressor, encode_dense
-from fedcomm.models import build_model
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
-from tests.conftest import digits_federation, tiny_params
+from tests.conftest import digits_federation, small_loop, tiny_params
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +28,7 @@ def fed() -> FederatedTensors:
 
 
 def _run(fed: FederatedTensors, compressor: Compressor, **cfg: Any) -> loop.RunResult:
-    torch.manual_seed(0)
-    model = build_model(
-        "mlp", input_shape=fed.input_shape, num_classes=fed.num_classes, hidden=[16]
-    )
-    lcfg = loop.LoopConfig(
-        rounds=2,
-        clients_per_round=3,
-        local=LocalConfig(epochs=1, batch_size=16, lr=cfg.pop("lr", 0.05)),
-        seed=7,
-        **cfg,
-    )
+    model, lcfg = small_loop(fed, **cfg)
     alg = build_algorithm(CONFIGS["fedavg"]())
     return loop.run(lcfg, alg, model, fed, compressor, config_hash="divergence")
 

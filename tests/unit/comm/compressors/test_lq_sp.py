@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conftest import digits_federation, tiny_params
+from tests.conftest import digits_federation, small_loop, tiny_params
 
 from fedcomm.algorithms import CONFIGS, build_algorithm
-from fedcomm.algorithms._local import LocalConfig
 from fedcomm.comm.codecs import build_compressor, encode_dense
 from fedcomm.comm.compressors import _lq
 from fedcomm.comm.compressors._entries import LinearQuantized, SeededSparse, bernoulli_mask
@@ -19,7 +18,6 @@ from fedcomm.comm.compressors.lq import quantize
 from fedcomm.comm.compressors.sp import sparsify
 from fedcomm.comm.payload import BitCount, Dense, Free, Mask, Meta, Payload, Sparse
 from fedcomm.config import ConfigError, LqCompressor, SpCompressor, validate_params
-from fedcomm.models import build_model
 from fedcomm.simulation import loop
 
 ROTATIONS: list[_lq.Rotation] = ["truncated", "padded", "none"]
@@ -362,17 +360,7 @@ def test_lq_sp_configs_validate_and_build() -> None:
 
 def test_loop_ledger_follows_the_lq_rule() -> None:
     fed = digits_federation(6)
-    torch.manual_seed(0)
-    model = build_model(
-        "mlp", input_shape=fed.input_shape, num_classes=fed.num_classes, hidden=[16]
-    )
-    cfg = loop.LoopConfig(
-        rounds=2,
-        clients_per_round=3,
-        local=LocalConfig(epochs=1, batch_size=16, lr=0.05),
-        seed=7,
-        checkpoint_every=1,
-    )
+    model, cfg = small_loop(fed, checkpoint_every=1)
     alg = build_algorithm(CONFIGS["fedavg"](server={"optimizer": "sgd", "lr": 1.0}))
     res = loop.run(cfg, alg, model, fed, build_compressor("lq", bits=4), config_hash="c")
     shapes = [tuple(p.shape) for p in model.parameters()]
