@@ -31,7 +31,14 @@ from fedcomm.reporting.plots import metric_axis
 from fedcomm.reporting.summary import write_report
 from fedcomm.summarize import budget_and_target_sections
 from fedcomm.tracking.mlflow import resolve_tracking_uri
-from fedcomm.tracking.query import DVC_EXP_TAG, TABLES, RunRecord, download_tables, find_runs
+from fedcomm.tracking.query import (
+    DVC_EXP_TAG,
+    SEED_PARAM,
+    TABLES,
+    RunRecord,
+    download_tables,
+    find_runs,
+)
 
 EVAL_SUMMARY = "metrics.json"  # logged by the evaluate stage; its model-size-based parts are used
 _FROM_EVALUATE = ("upload", "comm")  # summary keys that need the dense model's size
@@ -70,21 +77,45 @@ def describe_filter(
     return f"experiments: {exps}; tags: {tag_text}; store: {resolve_tracking_uri(uri)}"
 
 
+MAX_SHOWN_DIFFS = 4  # differing params named in a split group's label
+
+
 def group_runs(records: Sequence[RunRecord], group_by: str) -> dict[str, list[RunRecord]]:
-    """``{tag value: runs}``, groups sorted by label.
+    """``{label: runs}``, groups sorted by label. A group is one value of the ``group_by`` tag
+    *and* one configuration (:attr:`RunRecord.config_key`, everything but the seed): runs that
+    share a tag value but differ in config (``mu`` 0.1 and 0.5 under one run name) are separate
+    groups, labelled ``value [key=v, ...]`` with the params that differ.
 
     Raises:
         ConfigError: a run without the ``group_by`` tag (the message names tag and run).
     """
-    groups: dict[str, list[RunRecord]] = {}
+    by_value: dict[str, dict[str, list[RunRecord]]] = {}
     for rec in records:
         if group_by not in rec.tags:
             raise ConfigError(
                 f"group_by: MLflow run {rec.run_id} ({rec.run_name}, experiment "
                 f"{rec.experiment!r}) has no tag {group_by!r}"
             )
-        groups.setdefault(rec.tags[group_by], []).append(rec)
+        by_value.setdefault(rec.tags[group_by], {}).setdefault(rec.config_key, []).append(rec)
+    groups: dict[str, list[RunRecord]] = {}
+    for value, configs in by_value.items():
+        if len(configs) == 1:
+            groups[value] = next(iter(configs.values()))
+            continue
+        keys = differing_params([runs[0].params for runs in configs.values()])
+        shown = keys[:MAX_SHOWN_DIFFS]
+        more = f", +{len(keys) - len(shown)} more" if len(keys) > len(shown) else ""
+        for runs in configs.values():
+            p = runs[0].params
+            diff = ", ".join(f"{k}={p.get(k, '-')}" for k in shown)
+            groups[f"{value} [{diff}{more}]"] = runs
     return dict(sorted(groups.items()))
+
+
+def differing_params(configs: Sequence[Mapping[str, str]]) -> list[str]:
+    """The param keys (seed aside) whose values are not the same in every config, sorted."""
+    keys = sorted({k for c in configs for k in c} - {SEED_PARAM})
+    return [k for k in keys if len({c.get(k) for c in configs}) > 1]
 
 
 def _rerun_key(rec: RunRecord) -> tuple[str, ...]:
@@ -93,7 +124,8 @@ def _rerun_key(rec: RunRecord) -> tuple[str, ...]:
     if rec.seed is None:
         return (rec.run_id,)
     same = (DVC_EXP_TAG, *SWEEP_TAGS)
-    return (rec.experiment, rec.tags["run"], str(rec.seed), *(rec.tags.get(t, "") for t in same))
+    tags = (rec.tags.get(t, "") for t in same)
+    return (rec.experiment, rec.tags["run"], str(rec.seed), rec.config_key, *tags)
 
 
 def drop_reruns(group: str, runs: Sequence[RunRecord]) -> tuple[list[RunRecord], list[str]]:

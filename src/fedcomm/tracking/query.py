@@ -8,6 +8,8 @@ are skipped. Nothing here writes to the store.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,6 +26,7 @@ from fedcomm.tracking.mlflow import resolve_tracking_uri
 TABLES = ("rounds.parquet", "ledger.parquet", "clients.parquet")
 KIND_TAG = "fedcomm.kind"  # "study" / "trial" on sweep runs; absent or "train" on training runs
 DVC_EXP_TAG = "dvc.exp_name"
+SEED_PARAM = "seed"  # the one param that varies between the runs of one configuration
 _PAGE = 1000  # runs per search page (MLflow's default page size)
 _PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
@@ -40,6 +43,8 @@ class RunRecord:
         start_time_ms: start time, milliseconds since the Unix epoch.
         status: ``FINISHED``, ``RUNNING``, ``FAILED`` or ``KILLED``.
         artifacts: names of the files at its artifact root.
+        params: its MLflow params: the resolved run configuration, flattened (``algorithm.mu``,
+            ``train.local.lr``, ..., ``seed``).
     """
 
     run_id: str
@@ -49,6 +54,16 @@ class RunRecord:
     start_time_ms: int
     status: str
     artifacts: frozenset[str] = field(default_factory=frozenset)
+    params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config_key(self) -> str:
+        """sha256 of the logged configuration without the seed: the seeds of one configuration
+        share it ("" for a run logged without params)."""
+        if not self.params:
+            return ""
+        blob = json.dumps({k: v for k, v in self.params.items() if k != SEED_PARAM}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
 
     @property
     def seed(self) -> int | None:
@@ -181,6 +196,7 @@ def find_runs(
                 start_time_ms=int(run.info.start_time or 0),
                 status=str(run.info.status),
                 artifacts=artifacts,
+                params=dict(run.data.params),
             )
         )
     return sorted(records, key=lambda r: (r.start_time_ms, r.run_id))

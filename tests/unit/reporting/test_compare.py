@@ -239,3 +239,33 @@ def test_report_command_line(store: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert bad.exit_code == 2 and "--tag 'run': expected KEY=VALUE" in bad.output
     missing = cli.invoke(app, ["report", "-e", "nope", "--out", "cli3"])
     assert missing.exit_code == 2 and "nope" in missing.output
+
+
+def test_runs_of_one_name_but_different_config_are_separate_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fedprox at mu 0.1 and at mu 0.5 (2 seeds each, one run name, as `dvc exp run -S
+    algorithms.fedprox.mu=0.5` makes) are two rows of 2 seeds, labelled by the param that differs,
+    never one row of 4 seeds."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDCOMM_PROJECT_ROOT", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    finals: dict[float, list[float]] = {}
+    for mu in (0.1, 0.5):
+        params = _params(**{"algorithms.fedprox.mu": mu, "experiment.runs": ["fedprox"]})
+        partition_stage(params)
+        for seed in SEEDS:
+            train_stage(params, "fedprox", seed, show_progress=False)
+            evaluate_stage(params, "fedprox", seed)
+            finals.setdefault(mu, []).append(_final(tmp_path, "fedprox", seed))
+    compare_runs(None, tmp_path / "report", experiments=["tests"])
+    runs = pl.read_parquet(tmp_path / "report" / "runs.parquet")
+    labels = {"fedprox [algorithm.mu=0.1]": 0.1, "fedprox [algorithm.mu=0.5]": 0.5}
+    assert sorted(runs["group"].unique()) == sorted(labels)
+    rows = _table_rows((tmp_path / "report" / "summary.md").read_text(), "## Results")
+    for label, mu in labels.items():
+        assert rows[label][0] == "2"  # seeds
+        mean = statistics.mean(finals[mu])
+        se = statistics.stdev(finals[mu]) / math.sqrt(2)
+        assert rows[label][1] == format_value(mean, se, "percent", seeds=2)
