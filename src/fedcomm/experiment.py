@@ -144,6 +144,9 @@ def resolved_run_config(params: Params, run: str, seed: int, phash: str) -> dict
     }
 
 
+RUN_ID_FILE = "mlflow_run_id"  # beside a run's checkpoint: the MLflow run training it
+
+
 def config_hash(config: Mapping[str, Any]) -> str:
     blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
@@ -210,7 +213,14 @@ def train_stage(
     compressor = build_compressor(comp_cfg.name, **comp_cfg.model_dump(exclude={"name"}))
     name = run_name(run, seed)
     ckpt = paths.checkpoints / name / "state.pt"
-    previous = ckpt_mod.load(ckpt, chash) if resume else None
+    previous = ckpt_mod.load(ckpt, chash) if resume else None  # warns once if unreadable
+    sidecar = ckpt.parent / RUN_ID_FILE  # the MLflow run of the last process that trained here
+    if previous is None and params.tracking.enabled and sidecar.is_file():
+        tracking.fail_if_running(
+            params.tracking.uri,
+            sidecar.read_text().strip(),
+            "killed; its checkpoint could not be resumed, so the run restarted in a new run",
+        )
     tracker = _open_tracker(
         params,
         run,
@@ -222,8 +232,10 @@ def train_stage(
         parent_run_id=parent_run_id,
         extra_tags=tags or {},
     )
-    if on_open is not None and tracker.run_id is not None:
-        on_open(tracker.run_id)
+    if tracker.run_id is not None:
+        atomic.write_text(sidecar, tracker.run_id)
+        if on_open is not None:
+            on_open(tracker.run_id)
     try:
         lcfg = loop_config(params, seed, run)
         with round_progress(name, lcfg.rounds, enabled=show_progress) as bar:
@@ -242,7 +254,7 @@ def train_stage(
                 config_hash=chash,
                 checkpoint_path=ckpt,
                 tracker=tracker,
-                resume=resume,
+                resume=previous is not None,  # (loaded above: an unreadable one warns once)
                 progress=progress,
             )
         # the backend that ran the clients (vectorized may fall back to sequential, logged)
@@ -259,6 +271,7 @@ def train_stage(
         raise
     tracker.finish("FINISHED")
     ckpt.unlink(missing_ok=True)
+    sidecar.unlink(missing_ok=True)
     return out
 
 

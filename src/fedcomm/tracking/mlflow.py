@@ -25,6 +25,7 @@ from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 
 from fedcomm.atomic import file_lock
 from fedcomm.paths import project_root
@@ -194,6 +195,21 @@ def open_run(
         client.log_batch(tracker.run_id, params=items[i : i + 100], synchronous=True)
     tracker.log_dict(dict(params), "config.json")
     return tracker
+
+
+def fail_if_running(uri: str | None, run_id: str, reason: str) -> bool:
+    """Mark run ``run_id`` FAILED (tag ``fedcomm.stopped``: ``reason``) if it is still RUNNING:
+    the run of a killed process whose checkpoint cannot be resumed. Whether it was marked."""
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return False
+    if run.info.status != "RUNNING":
+        return False
+    client.set_tag(run_id, "fedcomm.stopped", reason)
+    client.set_terminated(run_id, "FAILED")
+    return True
 
 
 def reopen(uri: str | None, run_id: str) -> MlflowTracker:
