@@ -45,12 +45,26 @@ def _load(path: Path) -> Params:
 
 
 @config_app.command("validate")
-def config_validate(params: ParamsOpt = Path("params.yaml")) -> None:
-    """Check a params file; exit 2 with every problem listed by key path if it is invalid."""
+def config_validate(
+    params: ParamsOpt = Path("params.yaml"),
+    schema_only: Annotated[
+        bool, typer.Option("--schema-only", help="only the params' schema, not the data")
+    ] = False,
+) -> None:
+    """Check a params file; exit 2 with every problem listed by key path if it is invalid.
+    Unless --schema-only: also load the dataset, draw the partition in memory and check that
+    every run's model fits the data and its algorithm accepts the model (nothing is written)."""
+    from fedcomm.experiment import check_experiment
+
     p = _load(params)
+    clients = ""
+    if not schema_only:
+        with user_errors():
+            clients = f", {check_experiment(p)} clients"
     typer.echo(
         f"{params}: OK ({len(p.experiment.runs)} run(s) x {len(p.experiment.seeds)} seed(s), "
-        f"dataset {p.data.dataset.name}, partition {p.partition.kind}, model {p.model.name})"
+        f"dataset {p.data.dataset.name}, partition {p.partition.kind}{clients}, "
+        f"model {p.model.name})"
     )
 
 

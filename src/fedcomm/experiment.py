@@ -28,6 +28,7 @@ from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets import load_dataset
 from fedcomm.data.federated import (
+    Partition,
     PartitionSpec,
     make_partition,
     partition_hash,
@@ -35,6 +36,7 @@ from fedcomm.data.federated import (
     read_partition,
     write_partition,
 )
+from fedcomm.data.partitioners import PartitionError
 from fedcomm.data.types import Dataset
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.evaluation.summaries import LinkModel, summarize_run, upload_ratios
@@ -99,8 +101,20 @@ def partition_stage(params: Params, paths: Paths = Paths()) -> str:
     spec = partition_spec(params)
     expected = partition_hash(dataset.fingerprint(), spec)
     if not partition_is_current(paths.partition, expected):
-        write_partition(make_partition(dataset, spec), dataset, paths.partition, spec)
+        write_partition(draw_partition(params, dataset), dataset, paths.partition, spec)
     return expected
+
+
+def draw_partition(params: Params, dataset: Dataset) -> Partition:
+    """``make_partition`` for ``params.partition``; an error that starts with one of its keys
+    ("num_partitions must be ...") names the full key (``partition.num_partitions: must be``)."""
+    try:
+        return make_partition(dataset, partition_spec(params))
+    except PartitionError as err:
+        field, _, rest = str(err).partition(" ")
+        if field in type(params.partition).model_fields and rest.startswith("must "):
+            raise PartitionError(f"partition.{field}: {rest}") from None
+        raise
 
 
 # --- train -------------------------------------------------------------------------------------
@@ -197,18 +211,10 @@ def train_stage(
     """
     if seed < 0:
         raise ConfigError(f"seed: must be >= 0 (got {seed})")
-    params.algorithm(run)
     data, phash = load_federated(params, paths)
-    _check_fits(params, data)
+    model, algorithm = check_run(params, run, seed, data)
     config = resolved_run_config(params, run, seed, phash)
     chash = config_hash({**config, "code": code_fingerprint()})
-    model = _check_model(params, data, seed)
-    algorithm = build_algorithm(params.algorithm(run))
-    if algorithm.validate_model is not None:
-        try:
-            algorithm.validate_model(model)
-        except ValueError as err:
-            raise ConfigError(f"algorithms.{run}: {err}") from None
     comp_cfg = params.algorithm(run).uplink or params.train.compressor
     compressor = build_compressor(comp_cfg.name, **comp_cfg.model_dump(exclude={"name"}))
     name = run_name(run, seed)
@@ -294,6 +300,40 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         on_divergence=t.on_divergence,
         divergence_loss=t.divergence_loss,
     )
+
+
+def check_run(
+    params: Params, run: str, seed: int, data: FederatedTensors
+) -> tuple[torch.nn.Module, Any]:
+    """Everything about ``run`` that can fail on bad input, checked on the federated data before
+    any training: the cohort and test splits fit the partition, the model fits the data (one
+    example through it), the algorithm accepts the model. Returns the model and the algorithm.
+
+    Raises:
+        ConfigError: naming the key at fault.
+    """
+    params.algorithm(run)
+    _check_fits(params, data)
+    model = _check_model(params, data, seed)
+    algorithm = build_algorithm(params.algorithm(run))
+    if algorithm.validate_model is not None:
+        try:
+            algorithm.validate_model(model)
+        except ValueError as err:
+            raise ConfigError(f"algorithms.{run}: {err}") from None
+    return model, algorithm
+
+
+def check_experiment(params: Params) -> int:
+    """What ``fedcomm config validate`` checks beyond the schema: the dataset loads from
+    ``data.root``, the partition can be drawn (in memory, nothing written) and every run of the
+    experiment passes :func:`check_run` on it. Returns the number of clients."""
+    dataset = load_data(params)
+    part = draw_partition(params, dataset)
+    data = FederatedTensors.build(dataset, part.train, part.test)
+    for run in params.experiment.runs:
+        check_run(params, run, params.experiment.seeds[0], data)
+    return data.num_clients
 
 
 def _check_fits(params: Params, data: FederatedTensors) -> None:
