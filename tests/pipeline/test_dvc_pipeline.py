@@ -145,3 +145,29 @@ def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
     assert strays == []  # the queued run's temporary copy logged nothing locally
     shown = _sh(repo, "dvc", "exp", "show", "--json")
     assert "queued-exp" in shown
+
+
+def test_workspace_experiment_leaves_no_sweep_warnings_or_folders(repo: Path) -> None:
+    """`dvc exp run` reads pipeline/sweep/dvc.yaml too; its never-run sweep outputs must not be
+    'restored' (a warning each and an empty reports/sweep/<space>/ folder)."""
+    _sh(repo, "git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
+    _sh(
+        repo,
+        "git",
+        "-c",
+        "user.email=t@t",
+        "-c",
+        "user.name=t",
+        "commit",
+        "-qm",
+        "ws",
+        "--allow-empty",
+    )
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for var in ("MLFLOW_TRACKING_URI", "FEDCOMM_PROJECT_ROOT"):
+        env.pop(var, None)
+    cmd = ["dvc", "exp", "run", "-S", "train.rounds=2", "-n", "ws-exp"]
+    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "reports/sweep" not in res.stdout + res.stderr, res.stderr
+    assert not (repo / "reports" / "sweep").exists()
