@@ -1,4 +1,5 @@
-"""A rich progress bar over rounds showing accuracy and GiB so far (quiet when not a TTY)."""
+"""Progress over rounds: a rich bar with accuracy and GiB so far on a terminal; elsewhere (a
+``dvc repro`` log, CI) one short line on stderr every tenth of the run."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ ProgressFn = Callable[[int, Mapping[str, float | None]], None]
 
 @contextmanager
 def round_progress(name: str, rounds: int, *, enabled: bool | None = None) -> Iterator[ProgressFn]:
-    """Yield ``update(round, metrics)``; shown only on an interactive terminal by default."""
-    show = sys.stderr.isatty() if enabled is None else enabled
-    if not show:
+    """Yield ``update(round, metrics)``. ``enabled``: True a bar, False nothing, None (default)
+    a bar on an interactive terminal and log lines (:func:`_log_lines`) otherwise."""
+    if enabled is False:
         yield lambda r, m: None
+        return
+    if enabled is None and not sys.stderr.isatty():
+        yield _log_lines(name, rounds)
         return
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -44,3 +48,26 @@ def round_progress(name: str, rounds: int, *, enabled: bool | None = None) -> It
             )
 
         yield update
+
+
+def _log_lines(name: str, rounds: int) -> ProgressFn:
+    """``update`` that prints ``name: round r/R  acc ..  local ..  G GiB`` on stderr every
+    ``max(1, R // 10)`` rounds and at the last, with the latest measured accuracy."""
+    every = max(1, rounds // 10)
+    last_acc = "-"
+
+    def update(round_: int, metrics: Mapping[str, float | None]) -> None:
+        nonlocal last_acc
+        acc, local = metrics.get("global/accuracy"), metrics.get("local/accuracy")
+        if acc is not None:
+            last_acc = f"{100 * acc:.2f}%"
+        if round_ % every == 0 or round_ == rounds:
+            shown_local = "-" if local is None else f"{100 * local:.2f}%"
+            gib = f"{metrics.get('comm/cum_gib') or 0:.4g}"
+            print(
+                f"{name}: round {round_}/{rounds}  acc {last_acc}  local {shown_local}  {gib} GiB",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return update
