@@ -5,10 +5,7 @@ absolute MLflow store as the workspace."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,36 +16,17 @@ from mlflow import MlflowClient
 
 from fedcomm.config import load_params
 from tests.conftest import REPO
+from tests.pipeline._repo import build_repo, commit, sh, shell_env
 
 pytestmark = pytest.mark.slow
 
-COPY = ["dvc.yaml", "stages", "pipeline", "src", ".dvcignore", ".gitignore"]
-
-
-def _sh(cwd: Path, *cmd: str, timeout: int = 600) -> str:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for var in ("MLFLOW_TRACKING_URI", "FEDCOMM_PROJECT_ROOT"):
-        env.pop(var, None)
-    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}"
-    return res.stdout
+_sh = sh
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pipeline")
-    for name in COPY:
-        src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
-    (root / ".dvc").mkdir()
-    shutil.copy(REPO / ".dvc" / "config", root / ".dvc" / "config")
-    shutil.copy(REPO / ".dvc" / ".gitignore", root / ".dvc" / ".gitignore")
-    shutil.copy(REPO / "pipeline" / "profiles" / "tiny.yaml", root / "params.yaml")
-    _sh(root, "git", "init", "-q")
-    _sh(root, "git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
-    _sh(root, "git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
-    _sh(root, "dvc", "repro")
-    return root
+    tiny = (REPO / "pipeline" / "profiles" / "tiny.yaml").read_text()
+    return build_repo(tmp_path_factory.mktemp("pipeline"), tiny)
 
 
 def _runs(root: Path) -> list[tuple[str, str, str]]:
@@ -122,8 +100,7 @@ def test_partition_is_refused_when_stale(repo: Path) -> None:
 
 
 def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
-    _sh(repo, "git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
-    _sh(repo, "git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "repro")
+    commit(repo, "repro")
     _sh(repo, "dvc", "exp", "run", "--queue", "-S", "train.rounds=2", "-n", "queued-exp")
     _sh(repo, "dvc", "queue", "start", "-j", "1")
     deadline = time.time() + 300
@@ -150,24 +127,11 @@ def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
 def test_workspace_experiment_leaves_no_sweep_warnings_or_folders(repo: Path) -> None:
     """`dvc exp run` reads pipeline/sweep/dvc.yaml too; its never-run sweep outputs must not be
     'restored' (a warning each and an empty reports/sweep/<space>/ folder)."""
-    _sh(repo, "git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
-    _sh(
-        repo,
-        "git",
-        "-c",
-        "user.email=t@t",
-        "-c",
-        "user.name=t",
-        "commit",
-        "-qm",
-        "ws",
-        "--allow-empty",
-    )
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for var in ("MLFLOW_TRACKING_URI", "FEDCOMM_PROJECT_ROOT"):
-        env.pop(var, None)
+    commit(repo, "ws")
     cmd = ["dvc", "exp", "run", "-S", "train.rounds=2", "-n", "ws-exp"]
-    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        cmd, cwd=repo, env=shell_env(), capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0, res.stderr
     assert "reports/sweep" not in res.stdout + res.stderr, res.stderr
     assert not (repo / "reports" / "sweep").exists()
