@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 import polars as pl
 import yaml
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from optuna.trial import FrozenTrial, TrialState
 
@@ -115,6 +116,11 @@ def pareto_mask(frame: pl.DataFrame, sweep: Sweep) -> pl.Series:
     return pl.Series("pareto", mask, dtype=pl.Boolean)
 
 
+def legend_outside(ax: Axes) -> None:
+    """The legend right of the axes, so that it can never cover a plotted point."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small")
+
+
 def plot_pareto(frame: pl.DataFrame, sweep: Sweep, path: Path) -> None:
     """Accuracy (%) against GiB sent for every complete trial; the front as a step line."""
     fig = Figure(figsize=(7.5, 4.8), layout="tight")
@@ -146,7 +152,7 @@ def plot_pareto(frame: pl.DataFrame, sweep: Sweep, path: Path) -> None:
     )
     ax.grid(True, alpha=0.3)
     if frame.height and (frame["state"] == "COMPLETE").any():
-        ax.legend(loc="lower right", fontsize="small")
+        legend_outside(ax)
     save_figure(fig, path)
 
 
@@ -170,7 +176,7 @@ def plot_history(frame: pl.DataFrame, sweep: Sweep, path: Path) -> None:
             ax.axvline(n, color="#9aa0a6", alpha=0.35, linewidth=1)
         if pruned:
             ax.plot([], [], color="#9aa0a6", alpha=0.6, label="pruned")
-        ax.legend(loc="lower right", fontsize="small")
+        legend_outside(ax)
     ax.set(title=f"Study {sweep.study}: optimisation history", xlabel="trial", ylabel=f"{name} (%)")
     ax.grid(True, alpha=0.3)
     save_figure(fig, path)

@@ -86,3 +86,21 @@ def test_pareto_mask_marks_exactly_the_non_dominated_complete_trials() -> None:
     )
     # (0.8, 0.6) is dominated by (0.8, 0.5); (0.7, 0.5) by (0.8, 0.5); pruned never on the front
     assert pareto_mask(frame, sweep).to_list() == [True, True, False, True, False, False]
+
+
+def test_the_sweep_legend_never_covers_a_point() -> None:
+    from matplotlib.figure import Figure
+
+    from fedcomm.sweep.outputs import legend_outside
+
+    fig = Figure(figsize=(7.5, 4.8), layout="tight")
+    ax = fig.subplots()
+    xs = [i / 10 for i in range(11)]
+    ax.scatter(xs, xs, label="trials")  # points up to every corner, the lower right included
+    ax.scatter([1.0], [0.0], label="Pareto front")
+    legend_outside(ax)
+    fig.canvas.draw()  # type: ignore[no-untyped-call]
+    legend = ax.get_legend()
+    assert legend is not None
+    box, axes = legend.get_window_extent(), ax.get_window_extent()
+    assert box.x0 >= axes.x1  # wholly right of the plotting area
