@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.pipeline.test_dvc_pipeline import COPY, _sh
+from tests.pipeline._repo import COPY
+from tests.pipeline._repo import sh as _sh
 
 pytestmark = pytest.mark.slow
 STAGE = "pipeline/sweep/dvc.yaml:sweep@fedsparse"
