@@ -9,7 +9,7 @@ allowed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -441,6 +441,16 @@ class ConfigError(ValueError):
     """A params file that does not validate; the message lists every problem by key path."""
 
 
+def keyed(message: str, section: Sequence[str], keys: Iterable[str]) -> str | None:
+    """A check's ``"<key> must ..."`` message as ``"<section>.<key>: must ..."`` when ``<key>``
+    is one of ``keys`` (``"alpha must be > 0"`` -> ``"partition.alpha: must be > 0"``); None
+    for a message that does not start with a key."""
+    field, _, rest = message.partition(" ")
+    if field in set(keys) and rest.startswith("must "):
+        return f"{'.'.join([*section, field])}: {rest}"
+    return None
+
+
 def format_errors(err: ValidationError, source: str, raw: Any = None) -> str:
     """One line per problem: ``key.path: what is wrong (got value; allowed ...)``."""
     lines = [f"{source}: {err.error_count()} invalid value(s):"]
@@ -468,10 +478,7 @@ def format_errors(err: ValidationError, source: str, raw: Any = None) -> str:
         loc = ".".join(parts) or "<top level>"
         if e["type"] == "value_error" and isinstance(value, dict):  # a cross-field check
             msg = e["msg"].removeprefix("Value error, ")
-            field, _, rest = msg.partition(" ")  # "alpha must be > 0" names its key:
-            if field in value and rest.startswith("must "):  # -> "partition.alpha: must be > 0"
-                loc, msg = ".".join([*parts, field]), rest
-            lines.append(f"  - {loc}: {msg}")
+            lines.append(f"  - {keyed(msg, parts, value) or f'{loc}: {msg}'}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"  - {loc}: {msg} (got {shown}{allowed})")

@@ -25,7 +25,7 @@ from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.base import split_members
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.config import ConfigError, Params, model_options
+from fedcomm.config import ConfigError, Params, keyed, model_options
 from fedcomm.data.datasets import load_dataset
 from fedcomm.data.federated import (
     Partition,
@@ -111,9 +111,9 @@ def draw_partition(params: Params, dataset: Dataset) -> Partition:
     try:
         return make_partition(dataset, partition_spec(params))
     except PartitionError as err:
-        field, _, rest = str(err).partition(" ")
-        if field in type(params.partition).model_fields and rest.startswith("must "):
-            raise PartitionError(f"partition.{field}: {rest}") from None
+        named = keyed(str(err), ["partition"], type(params.partition).model_fields)
+        if named is not None:
+            raise PartitionError(named) from None
         raise
 
 

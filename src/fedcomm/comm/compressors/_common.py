@@ -46,17 +46,22 @@ def top_k_positions(a: Tensor, k: int) -> Tensor:
 KEEP = "keep/"  # structured uplinks (FedDrop family, FedBIAD) send "keep/<param>" Free masks
 
 
+def keep_mask(payload: Payload, name: str) -> Tensor | None:
+    """The bool mask (in its parameter's shape) locating entry ``name``'s values in the full
+    parameter, if the payload carries one (``keep/<param>`` next to ``<param>`` or
+    ``w/<param>``)."""
+    for key in (KEEP + name, KEEP + name.removeprefix("w/")):
+        entry = payload.get(key)
+        if isinstance(entry, Free) and entry.value.dtype == torch.bool:
+            return entry.value
+    return None
+
+
 def located_masks(payload: Payload) -> dict[str, Tensor]:
     """Flat bool masks locating each update entry's values in its full parameter, where the
-    payload carries them (``keep/<param>`` next to ``<param>`` or ``w/<param>``)."""
-    out: dict[str, Tensor] = {}
-    for name in payload:
-        for key in (KEEP + name, KEEP + name.removeprefix("w/")):
-            entry = payload.get(key)
-            if isinstance(entry, Free) and entry.value.dtype == torch.bool:
-                out[name] = entry.value.reshape(-1)
-                break
-    return out
+    payload carries them (:func:`keep_mask`)."""
+    masks = {name: keep_mask(payload, name) for name in payload}
+    return {name: m.reshape(-1) for name, m in masks.items() if m is not None}
 
 
 def accumulate(

@@ -31,17 +31,17 @@ from torch import Tensor
 
 from fedcomm.comm.codecs import Compressor, register_compressor
 from fedcomm.comm.compressors._common import (
-    KEEP,
     Residuals,
     accumulate,
     check_density,
     is_update,
     keep_count,
+    keep_mask,
     located_masks,
     store_residual,
     top_k_positions,
 )
-from fedcomm.comm.payload import Dense, Entry, Free, Payload, Sparse
+from fedcomm.comm.payload import Dense, Entry, Payload, Sparse
 
 
 def warmup_density(density: float, warmup_rounds: int, round_: int) -> float:
@@ -53,10 +53,9 @@ def warmup_density(density: float, warmup_rounds: int, round_: int) -> float:
 def _param_ndim(payload: Payload, name: str) -> int:
     """Dimensions of the parameter an update entry belongs to: its ``keep/`` mask's shape for a
     masked (dropout-style) entry, else the entry's own."""
-    for key in (KEEP + name, KEEP + name.removeprefix("w/")):
-        entry = payload.get(key)
-        if isinstance(entry, Free):
-            return entry.value.dim()
+    mask = keep_mask(payload, name)
+    if mask is not None:
+        return mask.dim()
     entry = payload[name]
     assert isinstance(entry, Dense)
     return entry.values.dim()
