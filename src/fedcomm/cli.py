@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from fedcomm.config import ConfigError, Params, load_params
+from fedcomm.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect and validate params files.")
@@ -24,17 +25,13 @@ ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params YAML fil
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Bad input (params, missing or stale data, impossible partitions) -> one clear message on
-    stderr and exit status 2, instead of a traceback. Bugs still raise."""
-    from fedcomm.data.datasets import DatasetNotFoundError
-    from fedcomm.data.federated import PartitionFileError, StalePartitionError
-    from fedcomm.data.partitioners import PartitionError
+    """Bad input (params, damaged or missing files, impossible partitions) or a diverged run ->
+    one clear message on stderr and exit status 2, instead of a traceback. Bugs still raise."""
     from fedcomm.simulation.loop import DivergenceError
 
-    errors = (ConfigError, DatasetNotFoundError, StalePartitionError, PartitionFileError)
     try:
         yield
-    except (*errors, PartitionError, DivergenceError) as err:
+    except (InputError, DivergenceError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 

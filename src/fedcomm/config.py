@@ -29,6 +29,7 @@ from fedcomm.comm.compressors.config import (  # noqa: F401  (part of the params
     SpCompressor,
     StcCompressor,
 )
+from fedcomm.errors import InputError, one_line
 
 
 class Strict(BaseModel):
@@ -437,7 +438,7 @@ class Params(Strict):
             raise ConfigError(f"algorithms.{run}: {err}") from None
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError, ValueError):
     """A params file that does not validate; the message lists every problem by key path."""
 
 
@@ -550,18 +551,28 @@ def validate_params(raw: Mapping[str, Any], source: str = "params") -> Params:
         raise ConfigError(format_errors(err, source, raw)) from None
 
 
-def read_yaml_mapping(path: str | Path, what: str = "params file") -> dict[str, Any]:
-    """A YAML file whose top level is a mapping; :class:`ConfigError` naming ``what`` and the
-    path if it is missing, not YAML, or not a mapping."""
+def read_yaml_mapping(
+    path: str | Path,
+    what: str = "params file",
+    remedy: str = "pass --params PATH, or restore it (`git checkout -- FILE`)",
+) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping; :class:`ConfigError` naming ``what``, the path
+    and ``remedy`` (``FILE`` is replaced by the path) if it is missing, empty, unreadable, not
+    YAML or not a mapping. Bad keys or values are the schema's business, not this function's."""
     p = Path(path)
+    fix = remedy.replace("FILE", str(p))
     if not p.is_file():
-        raise ConfigError(f"{p}: {what} not found (no such file)")
+        raise ConfigError(f"{p}: {what} not found (no such file); {fix}")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{p}: {what} is not valid YAML ({one_line(err)}); {fix}") from None
+    if raw is None:
+        raise ConfigError(f"{p}: {what} is empty; {fix}")
     if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: top level must be a mapping, got {type(raw).__name__}")
+        raise ConfigError(
+            f"{p}: {what} must be a mapping at the top level, got {type(raw).__name__}; {fix}"
+        )
     return raw
 
 

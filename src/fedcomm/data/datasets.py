@@ -42,13 +42,14 @@ import numpy as np
 
 from fedcomm.data import text
 from fedcomm.data.types import Dataset
+from fedcomm.errors import InputError
 
 DATA_ROOT_ENV = "FEDCOMM_DATA_ROOT"
 Loader = Callable[[Path | None, Mapping[str, Any]], Dataset]
 DATASETS: dict[str, Loader] = {}
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(InputError, FileNotFoundError):
     """A dataset's files are not under the data root; the message says what to put where."""
 
 

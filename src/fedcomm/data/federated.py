@@ -39,6 +39,7 @@ from fedcomm.data.partitioners import (
     train_test_split,
 )
 from fedcomm.data.types import Dataset
+from fedcomm.errors import InputError
 from fedcomm.seeding import Stream, numpy_rng
 
 SPLIT = pl.Enum(["train", "test"])
@@ -53,11 +54,11 @@ _REBUILD = "Re-run `dvc repro partition` (or `fedcomm partition`) to rebuild it.
 _RESERVED_PARAMS = frozenset({"labels", "rng", "num_partitions", "natural_id"})
 
 
-class StalePartitionError(ValueError):
+class StalePartitionError(InputError, ValueError):
     """A stored partition was built from other data or another spec than expected."""
 
 
-class PartitionFileError(ValueError):
+class PartitionFileError(InputError, ValueError):
     """A stored partition's file is missing, empty, truncated or not what this version wrote."""
 
 

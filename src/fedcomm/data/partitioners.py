@@ -26,6 +26,8 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from fedcomm.errors import InputError
+
 
 @dataclass(frozen=True)
 class ClientSplits:
@@ -60,7 +62,7 @@ PARTITIONERS: dict[str, PartitionFn] = {}
 _F = TypeVar("_F", bound=PartitionFn)
 
 
-class PartitionError(ValueError):
+class PartitionError(InputError, ValueError):
     """Invalid partition parameters, or a partition that cannot be built from this data."""
 
 

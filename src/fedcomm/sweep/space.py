@@ -269,7 +269,9 @@ def load_sweep(path: Path, root: Path | None = None) -> tuple[Sweep, dict[str, A
     space file's project: the current directory). Returns the sweep and the base params' raw
     mapping (what trials modify). Every problem found is reported at once: the file's own
     (ranges, objective, ...) and its keys' (unknown, reserved, another run's)."""
-    data = read_yaml_mapping(path, "search space")
+    data = read_yaml_mapping(
+        path, "search space", "restore it, or start from one in pipeline/search_spaces/"
+    )
     data.setdefault("study", path.stem)
     try:
         sweep: Sweep | None = Sweep.model_validate(data)
@@ -281,7 +283,9 @@ def load_sweep(path: Path, root: Path | None = None) -> tuple[Sweep, dict[str, A
     run = sweep.run if sweep is not None else data.get("run")
     if isinstance(base_name, str) and isinstance(run, str):
         base_path = (root or Path.cwd()) / base_name
-        base_raw = read_yaml_mapping(base_path)
+        base_raw = read_yaml_mapping(
+            base_path, f"base params of {path}", "fix the space's `base:` key or restore FILE"
+        )
         base = validate_params(base_raw, str(base_path))  # the base itself must be valid
         if run not in base.algorithms:
             problems.append(
