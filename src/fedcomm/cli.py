@@ -6,6 +6,7 @@ any work, and calls one library function of :mod:`fedcomm.experiment`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Annotated
 import typer
 
 from fedcomm.config import ConfigError, Params, load_params
-from fedcomm.errors import InputError
+from fedcomm.errors import InputError, InputWarning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect and validate params files.")
@@ -34,6 +35,22 @@ def user_errors() -> Iterator[None]:
     except (InputError, DivergenceError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+
+
+def _format_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+) -> str:
+    if issubclass(category, InputWarning):
+        return f"warning: {message}\n"
+    return _default_format(message, category, filename, lineno, line)
+
+
+_default_format = warnings.formatwarning
+warnings.formatwarning = _format_warning  # the command's own warnings: one line each
 
 
 def _load(path: Path) -> Params:

@@ -46,6 +46,11 @@ class Digits(Strict):
 class Mnist(Strict):
     name: Literal["mnist", "fashion_mnist"]
     normalize: bool = False
+    verify: bool = Field(
+        True,
+        description="check the files against the standard release's MD5 digests (false: your "
+        "own copy); checks only, the data read is the same",
+    )
 
 
 class Femnist(Strict):
@@ -66,15 +71,30 @@ class Shakespeare(Strict):
 class Ptb(Strict):
     name: Literal["ptb"] = "ptb"
     seq_len: int = Field(35, ge=1)
+    verify: bool = Field(
+        True,
+        description="check the files against the standard release's MD5 digests (false: your "
+        "own copy); checks only, the data read is the same",
+    )
 
 
 class Cifar10(Strict):
     name: Literal["cifar10"] = "cifar10"
+    verify: bool = Field(
+        True,
+        description="check the files against the standard release's MD5 digests (false: your "
+        "own copy); checks only, the data read is the same",
+    )
 
 
 class Cifar100(Strict):
     name: Literal["cifar100"] = "cifar100"
     label: Literal["fine", "coarse"] = "fine"
+    verify: bool = Field(
+        True,
+        description="check the files against the standard release's MD5 digests (false: your "
+        "own copy); checks only, the data read is the same",
+    )
 
 
 class Synthetic(Strict):

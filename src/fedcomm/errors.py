@@ -13,6 +13,11 @@ class InputError(Exception):
     """Bad or damaged input; the message names the file (or key) and what to do about it."""
 
 
+class InputWarning(UserWarning):
+    """Input that could not be used but need not stop the run (e.g. a stale checkpoint); the
+    CLI prints it as one ``warning:`` line."""
+
+
 def one_line(err: BaseException) -> str:
     """An exception's message on one line (parsers' messages can span several)."""
     return " ".join(str(err).split()) or type(err).__name__

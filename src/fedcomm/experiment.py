@@ -20,7 +20,7 @@ from typing import Any
 import polars as pl
 import torch
 
-from fedcomm import __version__, atomic
+from fedcomm import __version__, atomic, run_files
 from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.base import split_members
 from fedcomm.comm import bits
@@ -48,7 +48,7 @@ from fedcomm.simulation import checkpoint as ckpt_mod
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.progress import round_progress
-from fedcomm.sparse_io import load_sparse, save_sparse
+from fedcomm.sparse_io import save_sparse
 from fedcomm.tracking import mlflow as tracking
 
 
@@ -150,7 +150,8 @@ def resolved_run_config(params: Params, run: str, seed: int, phash: str) -> dict
         "run": run,
         "seed": seed,
         "algorithm": params.algorithm(run).model_dump(mode="json"),
-        "data": params.data.model_dump(mode="json", exclude={"root"}),
+        # (where the files are and whether they are checked do not change the numbers)
+        "data": params.data.model_dump(mode="json", exclude={"root": True, "dataset": {"verify"}}),
         "partition": params.partition.model_dump(mode="json"),
         "partition_hash": phash,
         "model": params.model.model_dump(mode="json"),
@@ -466,16 +467,20 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     split), and logs the summaries to the run's MLflow run.
     """
     out = paths.run_dir(run, seed)
-    trained = paths.train_dir(run, seed)
-    rounds = pl.read_parquet(trained / "rounds.parquet")
-    ledger = pl.read_parquet(trained / "ledger.parquet")
-    clients = pl.read_parquet(trained / "clients.parquet")
+    remedy = run_files.train_remedy(run, seed)
+    trained = run_files.read_trained(paths.train_dir(run, seed), remedy)  # all checked first
+    data, phash = load_federated(params, paths)
+    run_json = paths.train_dir(run, seed) / "run.json"
+    run_files.check_config(
+        trained.info, resolved_run_config(params, run, seed, phash), run_json, remedy
+    )
+    rounds, ledger = trained.rounds, trained.ledger
     ev = params.evaluate
     server_s = rounds["time/server_s"] if "time/server_s" in rounds.columns else None
     summary = summarize_run(
         rounds,
         ledger,
-        clients,
+        trained.clients,
         server_s=server_s,
         budgets_gib=ev.budgets_gib,
         upload_caps_gib=ev.upload_caps_gib,
@@ -483,18 +488,18 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),
         target_metric=ev.metric,
     )
-    data, _ = load_federated(params, paths)
     model = build_run_model(params, data, seed)
     algorithm = build_algorithm(params.algorithm(run))
     if algorithm.prepare_model is not None:  # e.g. ProgFed: the saved sub-model's structure
         model = algorithm.prepare_model(model, seed)
-    final = load_sparse(trained / "model.safetensors")
+    model_file = paths.train_dir(run, seed) / "model.safetensors"
+    members = split_members(trained.model)  # an ensemble (fedavg_mog) is evaluated as one
+    run_files.check_fits(members, model, model_file, remedy)
     numel = dense_numel(model)
     summary["upload"] = upload_summary(ledger, bits.dense(numel))
     summary["comm"] = comm_summary(
         ledger, bits.dense(numel), params.train.rounds, params.train.clients_per_round
     )
-    members = split_members(final)  # an ensemble (fedavg_mog) is evaluated as one
     g = evaluate(model, members, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
     per_client = [
         {"client_id": c, **_eval_row(evaluate(model, members, d.x, d.y))}
@@ -509,9 +514,8 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     }
     atomic.write_json(out / "metrics.json", summary)
     plots = _run_plots(run_name(run, seed), rounds, out / "plots")
-    run_info = json.loads((trained / "run.json").read_text())
-    if params.tracking.enabled and run_info.get("mlflow_run_id"):
-        tr = tracking.reopen(params.tracking.uri, run_info["mlflow_run_id"])
+    if params.tracking.enabled and trained.info.get("mlflow_run_id"):
+        tr = tracking.reopen(params.tracking.uri, trained.info["mlflow_run_id"])
         flat = {k: float(v) for k, v in tracking.flatten(summary).items() if _is_float(v)}
         tr.log_metrics({f"summary/{k}": v for k, v in flat.items()})
         tr.log_artifact(out / "eval_clients.parquet")

@@ -8,7 +8,6 @@ run, seed, round, cumulative GiB and upload bytes, accuracies; for ``dvc plots``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,14 @@ from fedcomm.config import Params
 from fedcomm.evaluation.summaries import aggregate_seeds
 from fedcomm.experiment import Paths
 from fedcomm.reporting.summary import write_report
+from fedcomm.run_files import (
+    METRICS_KEYS,
+    ROUNDS_COLUMNS,
+    evaluate_remedy,
+    read_json,
+    read_table,
+    train_remedy,
+)
 
 CURVE_COLUMNS = {
     "round": "round",
@@ -39,8 +46,12 @@ def collect(
     for run in params.experiment.runs:
         for seed in params.experiment.seeds:
             d = paths.run_dir(run, seed)
-            rounds.setdefault(run, []).append(pl.read_parquet(d / "train" / "rounds.parquet"))
-            summaries.setdefault(run, []).append(json.loads((d / "metrics.json").read_text()))
+            table = read_table(
+                d / "train" / "rounds.parquet", ROUNDS_COLUMNS, train_remedy(run, seed)
+            )
+            rounds.setdefault(run, []).append(table)
+            metrics = read_json(d / "metrics.json", METRICS_KEYS, evaluate_remedy(run, seed))
+            summaries.setdefault(run, []).append(metrics)
     return rounds, summaries
 
 

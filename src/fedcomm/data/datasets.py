@@ -19,38 +19,65 @@ name                      files under the data root
 ``synthetic``             none (FedProx Synthetic(alpha, beta))
 ========================  ===================================================================
 
+Damaged files: a dataset file that is present but empty, truncated, corrupted or of another
+format or version raises :class:`DatasetFileError`, whose one-line message names the file, what is
+wrong and the remedy (a fresh copy; see ``docs/configuration.md``). Each format is read in one
+place (:func:`_reading` turns any reader or parser failure into that error) and checked for damage
+that parses: IDX headers against their payload, images against labels (count, shape, ``uint8``,
+labels in range), LEAF records (``users`` / ``user_data``, per-user ``x`` and ``y``), roles records
+(string ``play``, ``role``, ``text``), PTB text (UTF-8, no control characters, ends with a newline
+as every standard file does) and CIFAR batches (keys, shapes, label range); gzip's CRC catches
+corruption of ``.gz`` files. Option ``verify`` (default ``true``; ``mnist``, ``fashion_mnist``,
+``ptb``, ``cifar10``, ``cifar100``) also compares a file of a standard release's size with that
+release: the MD5 digest of MNIST's uncompressed IDX content (LeCun's files; checked against the
+shared data root), of ``ptb.valid.txt`` / ``ptb.test.txt`` (torchtext's digests), of a CIFAR batch
+with the standard row count (torchvision's digests); and PTB text must use the standard alphabet
+(lower-case ASCII, ``N`` for numbers, punctuation). ``verify: false`` accepts a user's own copy.
+Not compared: Fashion-MNIST (no verified digests of its uncompressed files) and ``ptb.train.txt``
+(its standard size is not known here).
+
 Choices: unknown option names raise ``ValueError`` (catches typos); ``shakespeare`` with
 ``target="next_word"`` always reads ``roles.jsonl.gz`` (LEAF JSON holds next-char windows only);
 FEMNIST writers are numbered by first appearance over the sorted train files, then the test files;
 ``synthetic`` draws x from the diagonal Gaussian directly (same law as the reference's
 ``multivariate_normal``) with :func:`numpy.random.default_rng`, so values differ from the
-reference script for the same seed. CIFAR pickles are trusted local files (``pickle.load``).
+reference script for the same seed. CIFAR pickles are trusted local files (``pickle.loads``).
 Text-specific choices are documented in :mod:`fedcomm.data.text`.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import pickle
+import re
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from fedcomm.data import text
 from fedcomm.data.types import Dataset
-from fedcomm.errors import InputError
+from fedcomm.errors import InputError, one_line
 
 DATA_ROOT_ENV = "FEDCOMM_DATA_ROOT"
 Loader = Callable[[Path | None, Mapping[str, Any]], Dataset]
 DATASETS: dict[str, Loader] = {}
+_T = TypeVar("_T")
 
 
 class DatasetNotFoundError(InputError, FileNotFoundError):
     """A dataset's files are not under the data root; the message says what to put where."""
+
+
+class DatasetFileError(InputError, ValueError):
+    """A dataset file is present but empty, truncated, corrupted or of another format or version;
+    the one-line message names the file, what is wrong and the remedy."""
 
 
 def resolve_root(root: str | Path | None) -> Path | None:
@@ -102,6 +129,7 @@ def load_dataset(name: str, root: str | Path | None = None, **options: Any) -> D
     Raises:
         ValueError: unknown name, or a bad / unknown option.
         DatasetNotFoundError: the dataset's files are missing.
+        DatasetFileError: a dataset file is empty, truncated, corrupted or of another format.
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; registered: {', '.join(sorted(DATASETS))}")
@@ -117,12 +145,77 @@ def _not_found(
     """A :class:`DatasetNotFoundError` listing ``wanted`` (paths relative to the root)."""
     if root is None:
         head = f"dataset {name!r} needs local files but no data root is set"
-        files = "\n".join(f"  <data root>/{w}" for w in wanted)
+        files = ", ".join(f"<data root>/{w}" for w in wanted)
     else:
         head = f"dataset {name!r} not found under data root {root}"
-        files = "\n".join(f"  {root / w}" for w in wanted)
-    tail = f"\nset data.root in params.yaml or {DATA_ROOT_ENV} to the folder holding them"
-    return DatasetNotFoundError(f"{head}; expected:\n{files}{note}{tail}")
+        files = ", ".join(str(root / w) for w in wanted)
+    tail = f"; set data.root in params.yaml or {DATA_ROOT_ENV} to the folder holding them"
+    return DatasetNotFoundError(f"{head}; expected: {files}{note}{tail}")
+
+
+_DOCS = "docs/configuration.md"
+
+
+def _damaged(path: Path, problem: str, release: str, *, own_copy: bool = False) -> DatasetFileError:
+    """``path: problem; replace it with a fresh copy of <release> (see the docs)``, one line.
+
+    ``own_copy``: the problem is a difference from the standard release, which ``verify: false``
+    accepts (a user's own copy).
+    """
+    alt = ", or set data.dataset.verify: false to use your own copy" if own_copy else ""
+    return DatasetFileError(
+        f"{path}: {' '.join(problem.split())}; replace it with a fresh copy of {release}{alt}"
+        f" (see {_DOCS})"
+    )
+
+
+def _problem(err: BaseException, path: Path) -> str:
+    """What a reader's or parser's exception says about ``path``, on one line."""
+    msg = one_line(err)
+    gz = path.suffix == ".gz"
+    if isinstance(err, EOFError):
+        return f"truncated {'gzip stream' if gz else 'file'} ({msg})"
+    if isinstance(err, zlib.error):
+        return f"corrupted gzip stream ({msg})"
+    if isinstance(err, gzip.BadGzipFile):
+        kind = "not gzip-compressed" if msg.startswith("Not a gzipped") else "corrupted gzip stream"
+        return f"{kind} ({msg})"
+    if isinstance(err, json.JSONDecodeError):
+        return f"not valid JSON ({msg})"
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text ({msg})"
+    if isinstance(err, KeyError):
+        return f"missing key {msg}"
+    if isinstance(err, OSError):
+        return f"cannot be read ({msg})"
+    return msg
+
+
+#: What reading or parsing a damaged file raises (checks in a reader raise ``ValueError``).
+_READ_ERRORS = (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError, IndexError)
+
+
+@contextmanager
+def _reading(path: Path, release: str) -> Iterator[None]:
+    """Read and check ``path`` inside the block: an empty file, or any reader, parser or check
+    failure in the block (a ``ValueError`` saying what is wrong), becomes :class:`DatasetFileError`
+    naming ``path`` and the remedy (a fresh copy of ``release``)."""
+    try:
+        if path.stat().st_size == 0:
+            raise ValueError("the file is empty")
+        yield
+    except DatasetFileError:
+        raise
+    except _READ_ERRORS as err:
+        raise _damaged(path, _problem(err, path), release) from err
+
+
+def _check_md5(path: Path, data: bytes, want: str, release: str) -> None:
+    """Refuse ``data`` (the content of ``path``) unless its MD5 digest is ``want``."""
+    got = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    if got != want:
+        problem = f"MD5 {got} differs from the standard file's {want} (corrupted or modified)"
+        raise _damaged(path, problem, release, own_copy=True)
 
 
 class _Options:
@@ -242,30 +335,64 @@ _IDX_FILES = (
 )
 
 
-def read_idx(path: str | Path) -> np.ndarray:
+#: ``(size, md5)`` of the uncompressed standard files (LeCun's; checked against the shared data
+#: root's copies): uncompressed content of that size must have that digest.
+_IDX_MD5: dict[str, dict[str, tuple[int, str]]] = {
+    "mnist": {
+        "train-images-idx3-ubyte": (47040016, "6bbc9ace898e44ae57da46a324031adb"),
+        "train-labels-idx1-ubyte": (60008, "a25bea736e30d166cdddb491f175f624"),
+        "t10k-images-idx3-ubyte": (7840016, "2646ac647ad5339dbf082846283269ea"),
+        "t10k-labels-idx1-ubyte": (10008, "27ae3e4e09519cfbb04c329615203637"),
+    },
+}
+
+
+def read_idx(
+    path: str | Path,
+    *,
+    release: str = "the original IDX file",
+    standard: tuple[int, str] | None = None,
+) -> np.ndarray:
     """Read an IDX file (``.gz`` or plain): magic ``00 00 <dtype> <ndim>``, big-endian dims.
 
     Args:
         path: the file; a ``.gz`` suffix means gzip-compressed.
+        release: what a fresh copy of the file is, for the error's remedy.
+        standard: ``(size, md5)`` of the standard file: uncompressed content of that size must
+            have that MD5 digest.
 
     Returns:
         A read-only array of the header's shape and (big-endian) element type.
 
     Raises:
-        ValueError: bad magic, unknown type code, or a size that does not match the header.
+        DatasetFileError: (a ``ValueError``) empty, not gzip / IDX, bad magic, unknown type code,
+            a size that does not match the header, or a standard size with another digest.
     """
     path = Path(path)
-    with _open(path) as f:
-        buf: bytes = f.read()
-    if len(buf) < 4 or buf[0] != 0 or buf[1] != 0 or buf[2] not in _IDX_DTYPES:
-        raise ValueError(f"{path}: not an IDX file (magic {buf[:4].hex()})")
-    ndim = buf[3]
-    dims = tuple(int(d) for d in np.frombuffer(buf, ">u4", count=ndim, offset=4))
-    dtype = np.dtype(_IDX_DTYPES[buf[2]])
-    offset = 4 + 4 * ndim
-    if len(buf) - offset != int(np.prod(dims)) * dtype.itemsize:
-        raise ValueError(f"{path}: header says {dims} {dtype}, payload has {len(buf) - offset} B")
+    with _reading(path, release):
+        with _open(path) as f:
+            buf: bytes = f.read()
+        if not buf:
+            raise ValueError("no data after gunzip")
+        if len(buf) < 4 or buf[0] != 0 or buf[1] != 0 or buf[2] not in _IDX_DTYPES:
+            hint = " (gzip data: its name must end in .gz)" if buf[:2] == b"\x1f\x8b" else ""
+            raise ValueError(f"not an IDX file (magic {buf[:4].hex()}){hint}")
+        ndim, offset = buf[3], 4 + 4 * buf[3]
+        if len(buf) < offset:
+            raise ValueError(f"truncated IDX header ({len(buf)} B for {ndim} dimensions)")
+        dims = tuple(int(d) for d in np.frombuffer(buf, ">u4", count=ndim, offset=4))
+        dtype = np.dtype(_IDX_DTYPES[buf[2]])
+        want, have = int(np.prod(dims)) * dtype.itemsize, len(buf) - offset
+        if have != want:
+            what = "truncated" if have < want else "trailing data"
+            raise ValueError(f"{what}: header says {dims} {dtype} ({want} B), payload has {have} B")
+        if standard is not None and len(buf) == standard[0]:
+            _check_md5(path, buf, standard[1], release)
     return np.frombuffer(buf, dtype, offset=offset).reshape(dims)
+
+
+def _describe(arr: np.ndarray) -> str:
+    return f"an IDX array {arr.shape} {arr.dtype}"
 
 
 def _find_files(root: Path, subdirs: Sequence[str], names: Sequence[str]) -> list[Path] | None:
@@ -284,18 +411,31 @@ def _load_idx_dataset(
     name: str, subdirs: Sequence[str], root: Path | None, options: Mapping[str, Any]
 ) -> Dataset:
     """MNIST-format loader: x ``(70000, 1, 28, 28)`` float32 in [0, 1], 10 classes."""
-    normalize = _Options(name, options, ("normalize",)).flag("normalize", False)
+    o = _Options(name, options, ("normalize", "verify"))
+    normalize, verify = o.flag("normalize", False), o.flag("verify", True)
     files = _find_files(root, subdirs, _IDX_FILES) if root is not None else None
     if root is None or files is None:
         alt = ", ".join(str(root / s) if root else f"<data root>/{s}" for s in subdirs[1:])
-        note = f"\n(also accepted in {alt}; with or without .gz)"
+        note = f" (also accepted in {alt}; with or without .gz)"
         raise _not_found(name, root, [f"{subdirs[0]}/{n}.gz" for n in _IDX_FILES], note)
-    tr_x, tr_y, te_x, te_y = (read_idx(p) for p in files)
-    for imgs, labels, split in ((tr_x, tr_y, "train"), (te_x, te_y, "test")):
-        if imgs.ndim != 3 or imgs.shape[1:] != (28, 28) or labels.shape != (len(imgs),):
-            raise ValueError(f"{name} {split}: images {imgs.shape} / labels {labels.shape}")
-        if labels.size and not 0 <= labels.min() <= labels.max() <= 9:
-            raise ValueError(f"{name} {split}: labels outside 0..9")
+    release = f"the standard {'MNIST' if name == 'mnist' else 'Fashion-MNIST'} file"
+    digests = _IDX_MD5.get(name, {}) if verify else {}
+    tr_x, tr_y, te_x, te_y = (
+        read_idx(p, release=release, standard=digests.get(n))
+        for p, n in zip(files, _IDX_FILES, strict=True)
+    )
+    for imgs, labels, i in ((tr_x, tr_y, 0), (te_x, te_y, 2)):
+        if imgs.dtype != np.uint8 or imgs.ndim != 3 or imgs.shape[1:] != (28, 28):
+            problem = f"holds {_describe(imgs)}, not 28x28 uint8 images (another file there?)"
+            raise _damaged(files[i], problem, release)
+        if labels.dtype != np.uint8 or labels.ndim != 1:
+            problem = f"holds {_describe(labels)}, not uint8 labels (another file there?)"
+            raise _damaged(files[i + 1], problem, release)
+        if len(labels) != len(imgs):
+            problem = f"holds {len(labels)} labels for the {len(imgs)} images of {files[i].name}"
+            raise _damaged(files[i + 1], problem, release)
+        if labels.size and labels.max() > 9:
+            raise _damaged(files[i + 1], f"labels outside 0..9 (up to {labels.max()})", release)
     x = np.concatenate([tr_x, te_x]).astype(np.float32)[:, None]  # (n, 1, 28, 28)
     x /= 255.0  # in place: no second full-size copy
     if normalize:
@@ -337,15 +477,53 @@ def _find_leaf(root: Path | None, bases: Sequence[str]) -> tuple[list[Path], lis
     return None
 
 
-def _iter_leaf_users(files: Sequence[Path]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Yield ``(user id, user_data record)`` in file order, then ``users`` order."""
+def _iter_leaf_users(
+    files: Sequence[Path], release: str, convert: Callable[[str, Any], _T]
+) -> Iterator[tuple[str, _T]]:
+    """Yield ``(user id, convert(user id, user_data record))`` in file order, then ``users``
+    order. Each file is read and all its records converted (``convert`` raises ``ValueError`` on
+    a bad record) before its users are yielded, so a damaged file is named with ``release``."""
     for path in files:
-        with _open(path) as f:
-            blob = json.load(f)
-        if not isinstance(blob, dict) or not {"users", "user_data"} <= blob.keys():
-            raise ValueError(f"{path}: not LEAF JSON (needs 'users' and 'user_data')")
-        for uid in blob["users"]:
-            yield str(uid), blob["user_data"][uid]
+        with _reading(path, release):
+            with _open(path) as f:
+                blob = json.load(f)
+            if not isinstance(blob, dict) or not {"users", "user_data"} <= blob.keys():
+                raise ValueError("not LEAF JSON (needs 'users' and 'user_data')")
+            users, data = blob["users"], blob["user_data"]
+            if not isinstance(users, list) or not isinstance(data, dict) or not users:
+                raise ValueError("not LEAF JSON ('users' must be a non-empty list of user ids)")
+            records = []
+            for uid in users:
+                if not isinstance(uid, str) or not isinstance(data.get(uid), dict):
+                    raise ValueError(f"user {uid!r} in 'users' has no record in 'user_data'")
+                records.append((uid, convert(uid, data[uid])))
+        yield from records
+
+
+def _femnist_user(uid: str, rec: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """One FEMNIST writer's x ``(n, 1, 28, 28)`` float32 and y ``(n,)`` int64."""
+    try:
+        x = np.asarray(rec["x"], dtype=np.float32)  # (n_u, 784)
+        y = np.asarray(rec["y"], dtype=np.int64)  # (n_u,)
+    except (KeyError, ValueError, TypeError) as err:
+        raise ValueError(f"user {uid!r}: needs 'x' and 'y' lists of numbers ({err!r})") from err
+    if x.ndim != 2 or x.shape[1] != 784 or y.shape != (len(x),):
+        raise ValueError(f"user {uid!r}: x {x.shape}, y {y.shape}; expected (n, 784) and (n,)")
+    if y.size and not 0 <= y.min() <= y.max() <= 61:
+        raise ValueError(f"user {uid!r}: labels outside 0..61")
+    return x.reshape(-1, 1, 28, 28), y
+
+
+def _shakespeare_user(uid: str, rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """One LEAF Shakespeare role, checked: ``x`` equally long strings, ``y`` single characters."""
+    xs, ys = rec.get("x"), rec.get("y")
+    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys):
+        raise ValueError(f"user {uid!r}: needs 'x' and 'y' lists of the same length")
+    if not all(isinstance(s, str) and len(s) == len(xs[0]) for s in xs) or not all(
+        isinstance(c, str) and len(c) == 1 for c in ys
+    ):
+        raise ValueError(f"user {uid!r}: ragged x strings or y not single characters")
+    return rec
 
 
 @register("femnist")
@@ -358,20 +536,15 @@ def _load_femnist(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     found = _find_leaf(root, ("leaf/femnist", "femnist"))
     if found is None:
         wanted = [f"leaf/femnist/{s}/<LEAF shard>.json.gz" for s in ("train", "test")]
-        raise _not_found("femnist", root, wanted, "\n(also accepted: femnist/{train,test}/*.json)")
+        raise _not_found("femnist", root, wanted, " (also accepted: femnist/{train,test}/*.json)")
     writers: dict[str, int] = {}
     xs, ys, ids = [], [], []
-    for uid, rec in _iter_leaf_users([*found[0], *found[1]]):
-        x = np.asarray(rec["x"], dtype=np.float32)  # (n_u, 784)
-        y = np.asarray(rec["y"], dtype=np.int64)  # (n_u,)
-        if x.ndim != 2 or x.shape[1] != 784 or y.shape != (len(x),):
-            raise ValueError(f"femnist user {uid!r}: x {x.shape}, y {y.shape}")
-        xs.append(x.reshape(-1, 1, 28, 28))
+    release = "the LEAF FEMNIST shard, or remove it"
+    for uid, (x, y) in _iter_leaf_users([*found[0], *found[1]], release, _femnist_user):
+        xs.append(x)
         ys.append(y)
         ids.append(np.full(len(y), writers.setdefault(uid, len(writers)), dtype=np.int64))
     x_all, y_all = np.concatenate(xs), np.concatenate(ys)
-    if y_all.size and not 0 <= y_all.min() <= y_all.max() <= 61:
-        raise ValueError("femnist: labels outside 0..61")
     if invert:
         x_all = 1.0 - x_all
     return Dataset(
@@ -398,17 +571,18 @@ def _load_shakespeare(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     if leaf is not None:
         if stride is not None:
             raise ValueError("shakespeare: option stride does not apply to LEAF JSON windows")
-        users = _iter_leaf_users([*leaf[0], *leaf[1]])
+        release = "the LEAF Shakespeare shard, or remove it"
+        users = _iter_leaf_users([*leaf[0], *leaf[1]], release, _shakespeare_user)
         return text.shakespeare_from_leaf(
             users, seq_len=seq_len, min_samples=min_samples, max_roles=max_roles
         )
     roles = root / "shakespeare" / "roles.jsonl.gz" if root is not None else None
     if roles is None or not roles.is_file():
-        note = "\n(or, for next_char, LEAF JSON in shakespeare/{train,test}/*.json)"
+        note = " (or, for next_char, LEAF JSON in shakespeare/{train,test}/*.json)"
         raise _not_found("shakespeare", root, ["shakespeare/roles.jsonl.gz"], note)
     seq_len = seq_len or (80 if target == "next_char" else 20)
     return text.shakespeare_from_roles(
-        text.read_roles(roles),
+        _read_roles(roles),
         target=cast(text.ShakespeareTarget, target),
         seq_len=seq_len,
         stride=stride or seq_len,
@@ -418,59 +592,149 @@ def _load_shakespeare(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     )
 
 
+def _read_roles(path: Path) -> list[tuple[str, str]]:
+    """All ``("play/role", text)`` of a roles JSONL file, read to its end (so damage anywhere
+    in it is found, whatever ``max_roles`` keeps)."""
+    with _reading(path, "the Shakespeare roles file"):
+        roles = list(text.read_roles(path))
+        if not roles:
+            raise ValueError("holds no roles")
+    return roles
+
+
+# --- Penn Treebank -----------------------------------------------------------------------------
+
+#: ``(size, md5)`` of Mikolov's files (torchtext's digests; sizes of the shared data root's copies).
+_PTB_MD5 = {
+    "ptb.valid.txt": (399782, "aa0affc06ff7c36e977d7cd49e3839bf"),
+    "ptb.test.txt": (449945, "8b80168b89c18661a38ef683c0dc3721"),
+}
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab, LF and CR are text
+_NOT_PTB = re.compile(r"[^\n\r -@N\[-~]")  # outside lower-case printable ASCII, N and newlines
+
+
+def _read_ptb(path: Path, verify: bool) -> list[str]:
+    """Tokens of a Mikolov PTB file (:func:`text.ptb_tokens`), checked for damage.
+
+    Always: UTF-8, no control characters, ends with a newline (a standard file does; a
+    truncated one almost always ends mid-line). With ``verify``: the standard alphabet, and the
+    standard digest for a file of the standard size.
+    """
+    release = "Mikolov's standard PTB file"
+    with _reading(path, release):
+        data = path.read_bytes()
+        content = data.decode("utf-8")
+        bad = _CONTROL.search(content)
+        if bad:
+            line = content.count("\n", 0, bad.start()) + 1
+            raise ValueError(f"control character {bad.group()!r} on line {line}: corrupted")
+        if not content.endswith("\n"):
+            raise ValueError("ends mid-line, without the final newline of a whole file: truncated")
+        if verify:
+            bad = _NOT_PTB.search(content)
+            if bad:
+                line = content.count("\n", 0, bad.start()) + 1
+                problem = (
+                    f"character {bad.group()!r} on line {line} is not in the word-level PTB text"
+                    " (lower-case ASCII, N for numbers): another file or version in its place"
+                )
+                raise _damaged(path, problem, release, own_copy=True)
+            standard = _PTB_MD5.get(path.name)
+            if standard is not None and len(data) == standard[0]:
+                _check_md5(path, data, standard[1], release)
+    return text.ptb_tokens(content)
+
+
 @register("ptb")
 def _load_ptb(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """Penn Treebank (Mikolov): next-word windows from whichever of train/valid/test exist."""
-    seq_len = _Options("ptb", options, ("seq_len",)).integer("seq_len", 35, 1)
+    o = _Options("ptb", options, ("seq_len", "verify"))
+    seq_len, verify = o.integer("seq_len", 35, 1), o.flag("verify", True)
     names = [f"ptb.{split}.txt" for split in ("train", "valid", "test")]
     for folder in (root / "ptb", root) if root is not None else ():
         paths = [folder / n for n in names if (folder / n).is_file()]
         if paths:
-            return text.ptb_from_streams([text.read_ptb_tokens(p) for p in paths], seq_len=seq_len)
-    raise _not_found("ptb", root, [f"ptb/{n}" for n in names], "\n(any of them; also in the root)")
+            return text.ptb_from_streams([_read_ptb(p, verify) for p in paths], seq_len=seq_len)
+    raise _not_found("ptb", root, [f"ptb/{n}" for n in names], " (any of them; also in the root)")
 
 
 # --- CIFAR (python pickles) --------------------------------------------------------------------
 
 
-def _read_cifar_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
+#: MD5 digests of the standard batches (torchvision's ``CIFAR10`` / ``CIFAR100`` lists), and the
+#: rows of a standard batch: a batch of that many rows must have that digest.
+_CIFAR_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+    "train": "16019d7e3df5f24257cddd939b257f8d",  # cifar-100-python
+    "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",  # cifar-100-python
+}
+_CIFAR_ROWS = {"train": 50000}  # every other standard batch: 10000
+
+
+def _read_cifar_batch(
+    path: Path, label_key: bytes, classes: int, release: str, verify: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """One CIFAR pickle: x ``(n, 3, 32, 32)`` uint8, y ``(n,)`` int64."""
-    with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
-    data = np.asarray(batch[b"data"], dtype=np.uint8)
-    labels = np.asarray(batch[label_key], dtype=np.int64)
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.shape != (len(data),):
-        raise ValueError(f"{path}: data {data.shape}, labels {labels.shape}")
+    with _reading(path, release):
+        raw = path.read_bytes()
+        try:
+            batch = pickle.loads(raw, encoding="bytes")
+        except Exception as err:  # unpickling damaged bytes can raise almost anything
+            kind = type(err).__name__
+            raise ValueError(f"unreadable pickle, truncated or corrupted ({kind}: {err})") from err
+        if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
+            has = ", ".join(sorted(map(repr, batch))) if isinstance(batch, dict) else "no dict"
+            raise ValueError(f"not a CIFAR batch with b'data' and {label_key!r} (has {has})")
+        data = np.asarray(batch[b"data"], dtype=np.uint8)
+        labels = np.asarray(batch[label_key], dtype=np.int64)
+        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.shape != (len(data),):
+            raise ValueError(f"data {data.shape}, labels {labels.shape}; expected (n, 3072), (n,)")
+        if labels.size and not 0 <= labels.min() <= labels.max() < classes:
+            raise ValueError(f"labels outside 0..{classes - 1} ({labels.min()}..{labels.max()})")
+        if verify and len(data) == _CIFAR_ROWS.get(path.name, 10000) and path.name in _CIFAR_MD5:
+            _check_md5(path, raw, _CIFAR_MD5[path.name], release)
     return data.reshape(-1, 3, 32, 32), labels
 
 
 def _load_cifar(
-    name: str, folder: str, files: Sequence[str], label_key: bytes, classes: int, root: Path | None
+    name: str,
+    folder: str,
+    files: Sequence[str],
+    label_key: bytes,
+    classes: int,
+    root: Path | None,
+    verify: bool,
 ) -> Dataset:
     """Pool CIFAR pickles: x ``(n, 3, 32, 32)`` float32 in [0, 1]."""
     paths = [root / folder / f for f in files] if root is not None else []
     if root is None or not all(p.is_file() for p in paths):
         raise _not_found(name, root, [f"{folder}/{f}" for f in files])
-    parts = [_read_cifar_batch(p, label_key) for p in paths]
+    release = f"the standard {'CIFAR-10' if name == 'cifar10' else 'CIFAR-100'} python batch"
+    parts = [_read_cifar_batch(p, label_key, classes, release, verify) for p in paths]
     x = np.concatenate([p[0] for p in parts]).astype(np.float32)
     x /= 255.0
     y = np.concatenate([p[1] for p in parts])
-    if y.size and not 0 <= y.min() <= y.max() < classes:
-        raise ValueError(f"{name}: labels outside 0..{classes - 1}")
     return Dataset(name, x, y, num_classes=classes)
 
 
 @register("cifar10")
 def _load_cifar10(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """CIFAR-10 from ``cifar-10-batches-py/`` (``data_batch_1..5``, ``test_batch``)."""
-    _Options("cifar10", options, ())
+    verify = _Options("cifar10", options, ("verify",)).flag("verify", True)
     files = [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]
-    return _load_cifar("cifar10", "cifar-10-batches-py", files, b"labels", 10, root)
+    return _load_cifar("cifar10", "cifar-10-batches-py", files, b"labels", 10, root, verify)
 
 
 @register("cifar100")
 def _load_cifar100(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """CIFAR-100 from ``cifar-100-python/`` (``train``, ``test``); ``label`` fine or coarse."""
-    label = _Options("cifar100", options, ("label",)).choice("label", "fine", ("fine", "coarse"))
+    o = _Options("cifar100", options, ("label", "verify"))
+    label, verify = o.choice("label", "fine", ("fine", "coarse")), o.flag("verify", True)
     key, classes = (b"fine_labels", 100) if label == "fine" else (b"coarse_labels", 20)
-    return _load_cifar("cifar100", "cifar-100-python", ("train", "test"), key, classes, root)
+    files = ("train", "test")
+    return _load_cifar("cifar100", "cifar-100-python", files, key, classes, root, verify)

@@ -27,6 +27,7 @@ Choices (documented because they differ between papers):
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import re
 from collections import Counter
@@ -37,6 +38,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from fedcomm.data.types import Dataset
+from fedcomm.errors import one_line
 
 ShakespeareTarget = Literal["next_char", "next_word"]
 _Seq = TypeVar("_Seq", bound=Sized)
@@ -128,15 +130,25 @@ def _stack(
 
 
 def read_roles(path: Path) -> Iterator[tuple[str, str]]:
-    """Yield ``("play/role", text)`` from a roles JSONL file (``.gz`` or plain)."""
+    """Yield ``("play/role", text)`` from a roles JSONL file (``.gz`` or plain).
+
+    Raises:
+        ValueError: ``line N: ...`` for a line that is not JSON or lacks the string fields (the
+            caller names the file); reading errors (gzip, UTF-8) propagate as they are.
+    """
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            rec = json.loads(line)
-            if not all(isinstance(rec.get(k), str) for k in ("play", "role", "text")):
-                raise ValueError(f"{path}:{lineno}: expected string fields play, role, text")
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"line {lineno}: not valid JSON ({one_line(err)})") from err
+            if not isinstance(rec, dict) or not all(
+                isinstance(rec.get(k), str) for k in ("play", "role", "text")
+            ):
+                raise ValueError(f"line {lineno}: expected string fields play, role, text")
             yield f"{rec['play']}/{rec['role']}", rec["text"]
 
 
@@ -249,10 +261,16 @@ def _leaf_user_arrays(
 # --- Penn Treebank -------------------------------------------------------------------------------
 
 
+def ptb_tokens(content: str) -> list[str]:
+    """Whitespace tokens of Mikolov PTB text with ``<eos>`` after every line (lines split as a
+    file opened in text mode splits them: at LF, CRLF or CR)."""
+    return [tok for line in io.StringIO(content, newline=None) for tok in (*line.split(), EOS)]
+
+
 def read_ptb_tokens(path: Path) -> list[str]:
     """Whitespace tokens of a Mikolov PTB file with ``<eos>`` after every line."""
     with open(path, encoding="utf-8") as f:
-        return [tok for line in f for tok in (*line.split(), EOS)]
+        return ptb_tokens(f.read())
 
 
 def ptb_from_streams(streams: Sequence[list[str]], *, seq_len: int) -> Dataset:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fedcomm.atomic import atomic_path
+from fedcomm.errors import InputWarning, one_line
 
 FORMAT_VERSION = 1
 
@@ -40,15 +41,33 @@ def save(state: RunState, path: Path) -> None:
 
 
 def load(path: Path, config_hash: str) -> RunState | None:
-    """The saved state if ``path`` exists and was made by the same configuration, else None."""
+    """The saved state if ``path`` exists and was made by the same configuration, else None.
+
+    A checkpoint is a cache: one that cannot be used (empty, truncated, corrupted, written by
+    another version, or made with other params or code) is not an error. It warns once, with
+    a :class:`CheckpointWarning` naming the file and why, and the run restarts from round 1.
+    """
     if not path.is_file():
         return None
     try:
         blob = torch.load(path, weights_only=False)
-    except Exception as err:  # truncated or from an incompatible version: start afresh
-        warnings.warn(f"ignoring unreadable checkpoint {path}: {err}", stacklevel=2)
-        return None
-    if not isinstance(blob, dict) or blob.get("version") != FORMAT_VERSION:
-        return None
-    state: RunState = blob["state"]
-    return state if state.config_hash == config_hash else None
+    except Exception as err:  # empty, truncated or corrupted: any unpickling error
+        why = f"is unreadable ({one_line(err)[:160]})"
+    else:
+        version = blob.get("version") if isinstance(blob, dict) else None
+        state = blob.get("state") if isinstance(blob, dict) else None
+        if version != FORMAT_VERSION or not isinstance(state, RunState):
+            why = f"has format {version!r}, this version reads {FORMAT_VERSION}"
+        elif state.config_hash != config_hash:
+            why = "was made with other params or code"
+        else:
+            return state
+    warnings.warn(
+        CheckpointWarning(f"{path}: checkpoint {why}; ignoring it, training restarts at round 1"),
+        stacklevel=2,
+    )
+    return None
+
+
+class CheckpointWarning(InputWarning):
+    """A checkpoint that cannot be resumed (the run starts afresh)."""
