@@ -25,7 +25,7 @@ from fedcomm.algorithms._local import LocalConfig
 from fedcomm.comm.codecs import COMPRESSORS, build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
-from fedcomm.simulation.data import FederatedTensors
+from fedcomm.simulation.data import ClientData, FederatedTensors
 from tests.conftest import digits_federation
 
 ALL = sorted(CONFIGS)
@@ -194,6 +194,40 @@ def test_vectorized_is_deterministic_and_chunking_does_not_matter(fed: Federated
     )  # fmt: skip
     seq = _run("fedavg", fed, "sequential", rounds=2)
     _assert_close(seq, one)
+
+
+def _text_federation(output: str, clients: int = 5, T: int = 6, V: int = 24) -> FederatedTensors:
+    """Random token windows, unequal client sizes: next-token targets per position (LM) or
+    after the window (next-char)."""
+    g = torch.Generator().manual_seed(5)
+
+    def client(n: int) -> ClientData:
+        x = torch.randint(0, V, (n, T), generator=g)
+        shape = (n, T) if output == "sequence" else (n,)
+        return ClientData(x, torch.randint(0, V, shape, generator=g))
+
+    train = tuple(client(12 + 5 * i) for i in range(clients))
+    test = tuple(client(6) for _ in range(clients))
+    return FederatedTensors(train, test, client(20), V, (T,))
+
+
+@pytest.mark.parametrize("output", ["sequence", "last"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedbiad", "fedsparse", "fedl1"])
+def test_lstm_clients_batch_and_match_sequential(name: str, output: str) -> None:
+    """LSTM models (FedBIAD's word LM, LEAF's next-char) run batched on the vectorized backend
+    (GateLSTM's gate form) and agree with the sequential run (the fused kernel)."""
+    text = _text_federation(output)
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return build_model(
+            "lstm", input_shape=(6,), num_classes=24, embed_dim=8, hidden=12, output=output
+        )
+
+    seq = _run(name, text, "sequential", model=model(), rounds=2)
+    vec = _run(name, text, "vectorized", model=model(), rounds=2)
+    assert vec.backend == "vectorized"
+    _assert_close(seq, vec)
 
 
 def test_unknown_backend_is_refused(fed: FederatedTensors) -> None:

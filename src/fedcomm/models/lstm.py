@@ -8,6 +8,12 @@ Two uses in fedcomm's papers:
 - Next-character classification (LEAF Shakespeare; Caldas et al., "LEAF: A Benchmark for
   Federated Settings", 2018): ``embed_dim=8, hidden=256, num_layers=2, output="last"``.
 
+The recurrent layer is :class:`GateLSTM`, an ``nn.LSTM`` (same parameters, names, init, and
+by default the same fused kernel, so sequential runs are unchanged) that can also run as
+explicit gate maths over ``nn.Linear``-style matmuls. ``torch.func.vmap`` has no batching rule
+for the fused ``aten::lstm``, so the vectorized backend switches every ``GateLSTM`` to the gate
+form (:func:`unrolled`) and batches LSTM clients like any other model.
+
 Initialisation follows PyTorch's ``word_language_model`` example (Zaremba et al., "Recurrent
 Neural Network Regularization", 2014): embedding and decoder weights U(-0.1, 0.1), decoder bias
 0; the LSTM keeps PyTorch's default U(-1/sqrt(H), 1/sqrt(H)).
@@ -15,6 +21,8 @@ Neural Network Regularization", 2014): embedding and decoder weights U(-0.1, 0.1
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -25,6 +33,64 @@ from fedcomm.models.registry import invalid_option, positive_int, register
 Output = Literal["sequence", "last"]
 
 INIT_RANGE = 0.1
+
+
+class GateLSTM(nn.LSTM):
+    """A unidirectional, batch-first ``nn.LSTM`` without dropout or projections, with a second
+    form of the same function that ``vmap`` batches: per layer ``k`` and step ``t``
+
+        z_t = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh        # (B, 4H), gates (i, f, g, o)
+        c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)      # (B, H)
+        h_t = sigmoid(o) * tanh(c_t)                           # (B, H), h_0 = c_0 = 0
+
+    (PyTorch's ``nn.LSTM`` equations.) ``unrolled = False`` (default) calls the fused kernel,
+    bit-identical to ``nn.LSTM``; ``True`` computes the equations above, equal up to float
+    rounding (tested), with ``x W_ih^T`` for all steps as one matmul.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first=True)
+        self.unrolled = False
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if not self.unrolled:
+            out, state = super().forward(x, hx)
+            return out, state
+        if hx is not None:
+            raise ValueError("GateLSTM.unrolled starts from a zero state (hx must be None)")
+        H = self.hidden_size
+        h_last, c_last = [], []
+        for k in range(self.num_layers):
+            w_ih, w_hh = getattr(self, f"weight_ih_l{k}"), getattr(self, f"weight_hh_l{k}")
+            bias = getattr(self, f"bias_ih_l{k}") + getattr(self, f"bias_hh_l{k}")
+            zx = x @ w_ih.T + bias  # (B, T, 4H): the input's part of every step at once
+            h = c = zx.new_zeros((*zx.shape[:-2], H))  # (B, H)
+            outs = []
+            for t in range(zx.shape[-2]):
+                i, f, g, o = (zx[..., t, :] + h @ w_hh.T).chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                outs.append(h)
+            x = torch.stack(outs, dim=-2)  # (B, T, H): the next layer's input
+            h_last.append(h)
+            c_last.append(c)
+        return x, (torch.stack(h_last), torch.stack(c_last))
+
+
+@contextmanager
+def unrolled(model: nn.Module) -> Iterator[None]:
+    """Run every :class:`GateLSTM` of ``model`` in its gate form inside the block (vmap)."""
+    cells = [m for m in model.modules() if isinstance(m, GateLSTM)]
+    before = [m.unrolled for m in cells]
+    for m in cells:
+        m.unrolled = True
+    try:
+        yield
+    finally:
+        for m, b in zip(cells, before, strict=True):
+            m.unrolled = b
 
 
 class LSTMLanguageModel(nn.Module):
@@ -43,7 +109,7 @@ class LSTMLanguageModel(nn.Module):
         super().__init__()
         self.output = output
         self.embedding = nn.Embedding(vocab_size, embed_dim)
-        self.lstm = nn.LSTM(embed_dim, hidden, num_layers, batch_first=True)
+        self.lstm = GateLSTM(embed_dim, hidden, num_layers)
         self.decoder = nn.Linear(hidden, vocab_size)
         nn.init.uniform_(self.embedding.weight, -INIT_RANGE, INIT_RANGE)
         nn.init.uniform_(self.decoder.weight, -INIT_RANGE, INIT_RANGE)

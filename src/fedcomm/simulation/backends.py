@@ -29,6 +29,7 @@ from fedcomm.algorithms._jobs import LocalProgram, grad_fn
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import ClientContext, ClientResult, FedAlgorithm, RoundContext
 from fedcomm.comm.payload import Payload
+from fedcomm.models.lstm import unrolled
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import allocator, vectorized
 from fedcomm.simulation.data import FederatedTensors
@@ -204,7 +205,8 @@ def model_unbatched_reason(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            torch.func.vmap(phase, in_dims=(0, 0, 0, 0, None))(params, {}, x, y, None)
+            with unrolled(model):  # as the vectorized backend runs it
+                torch.func.vmap(phase, in_dims=(0, 0, 0, 0, None))(params, {}, x, y, None)
     except Exception as err:  # any failure means: not batchable; say why
         text = str(err).strip()
         if "random operation" in text:

@@ -38,6 +38,7 @@ from fedcomm.algorithms._jobs import (
     grad_fn,
 )
 from fedcomm.algorithms._local import LocalConfig
+from fedcomm.models.lstm import unrolled
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,13 @@ def train_jobs(
     for i, job in enumerate(jobs):
         groups.setdefault(group_key(job), []).append(i)
     steps = [len(j.batches) for j in jobs]
-    for members in groups.values():
-        for chunk in chunks(members, steps, chunk_size):
-            for i, res in zip(
-                chunk, _train_chunk([jobs[i] for i in chunk], model, cfg), strict=True
-            ):
-                results[i] = res
+    with unrolled(model):  # LSTMs in their gate form: vmap has no rule for the fused kernel
+        for members in groups.values():
+            for chunk in chunks(members, steps, chunk_size):
+                for i, res in zip(
+                    chunk, _train_chunk([jobs[i] for i in chunk], model, cfg), strict=True
+                ):
+                    results[i] = res
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
 

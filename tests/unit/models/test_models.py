@@ -322,3 +322,43 @@ def test_feddst_mnist_reproduction_still_builds_the_mnist_net() -> None:
 
     params = load_params(REPO / "pipeline" / "reproductions" / "feddst_mnist.yaml")
     assert num_parameters(_feddst_model_from_params(params, (1, 28, 28), 10)) == 261_840
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_gate_lstm_is_nn_lstm_in_both_forms(layers: int) -> None:
+    """Same init (same seed -> same parameters, names and order), the fused form bit-identical
+    to ``nn.LSTM``, the unrolled gate form equal up to rounding in outputs, final state and
+    gradients, and the unrolled form batched by vmap equal to a loop over clients."""
+    from fedcomm.models.lstm import GateLSTM, unrolled
+
+    torch.manual_seed(3)
+    ref = torch.nn.LSTM(6, 10, layers, batch_first=True)
+    torch.manual_seed(3)
+    gate = GateLSTM(6, 10, layers)
+    assert [n for n, _ in ref.named_parameters()] == [n for n, _ in gate.named_parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), gate.parameters(), strict=True))
+    x = torch.randn(4, 7, 6)
+    y_ref, (h_ref, c_ref) = ref(x)
+    assert torch.equal(gate(x)[0], y_ref)  # fused: the same kernel
+    with unrolled(gate):
+        y, (h, c) = gate(x)
+    assert not gate.unrolled  # restored after the block
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c, c_ref, rtol=1e-5, atol=1e-6)
+    g_ref = torch.autograd.grad(y_ref.square().sum(), list(ref.parameters()))
+    with unrolled(gate):
+        g = torch.autograd.grad(gate(x)[0].square().sum(), list(gate.parameters()))
+    for a, b in zip(g, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # vmap over 3 clients' parameter sets == each client on its own
+    named = dict(gate.named_parameters())
+    params = {n: torch.stack([p.detach() + 0.01 * i for i in range(3)]) for n, p in named.items()}
+    xs = torch.randn(3, 4, 7, 6)
+    with unrolled(gate):
+        batched = torch.func.vmap(lambda p, xb: torch.func.functional_call(gate, p, (xb,))[0])(
+            params, xs
+        )
+    for i in range(3):
+        one = torch.func.functional_call(gate, {n: v[i] for n, v in params.items()}, (xs[i],))[0]
+        torch.testing.assert_close(batched[i], one, rtol=1e-5, atol=1e-6)

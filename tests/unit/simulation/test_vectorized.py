@@ -18,6 +18,15 @@ from fedcomm.simulation.backends import model_unbatched_reason
 from fedcomm.simulation.data import FederatedTensors
 
 
+class _LastStep(torch.nn.Module):
+    def __init__(self, rnn: torch.nn.LSTM) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]
+
+
 def _fed(x: torch.Tensor, y: torch.Tensor) -> FederatedTensors:
     d = ClientData(x, y)
     return FederatedTensors((d,), (d,), d, 10, tuple(x.shape[1:]))
@@ -89,7 +98,9 @@ def test_probe_accepts_plain_models_and_names_what_it_refuses() -> None:
     assert reason is not None and "dropout" in reason
     text = _fed(torch.randint(0, 80, (4, 12)), torch.randint(0, 80, (4, 12)))
     lstm = build_model("lstm", input_shape=(12,), num_classes=80)
-    reason = model_unbatched_reason(lstm, text, local)
+    assert model_unbatched_reason(lstm, text, local) is None  # GateLSTM's gate form batches
+    fused = torch.nn.Sequential(torch.nn.Embedding(80, 8), _LastStep(torch.nn.LSTM(8, 8)))
+    reason = model_unbatched_reason(fused, text, local)  # a plain nn.LSTM does not
     assert reason is not None and "no batching rule" in reason and "rnn" in reason
 
 
