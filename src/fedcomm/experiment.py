@@ -469,6 +469,9 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     out = paths.run_dir(run, seed)
     remedy = run_files.train_remedy(run, seed)
     trained = run_files.read_trained(paths.train_dir(run, seed), remedy)  # all checked first
+    tr = None  # the run's MLflow run, checked (store readable, run present) before any work
+    if params.tracking.enabled and trained.info.get("mlflow_run_id"):
+        tr = tracking.reopen(params.tracking.uri, trained.info["mlflow_run_id"])
     data, phash = load_federated(params, paths)
     run_json = paths.train_dir(run, seed) / "run.json"
     run_files.check_config(
@@ -514,8 +517,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     }
     atomic.write_json(out / "metrics.json", summary)
     plots = _run_plots(run_name(run, seed), rounds, out / "plots")
-    if params.tracking.enabled and trained.info.get("mlflow_run_id"):
-        tr = tracking.reopen(params.tracking.uri, trained.info["mlflow_run_id"])
+    if tr is not None:
         flat = {k: float(v) for k, v in tracking.flatten(summary).items() if _is_float(v)}
         tr.log_metrics({f"summary/{k}": v for k, v in flat.items()})
         tr.log_artifact(out / "eval_clients.parquet")

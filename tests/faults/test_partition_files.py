@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedcomm.cli import app
+from tests.faults._project import enter_copy
 
 pytestmark = pytest.mark.slow
 
@@ -89,12 +90,7 @@ def _expect_clean_failure(root: Path, names: str) -> None:
 @pytest.fixture
 def project_copy(partitioned: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh copy of the partitioned project, as the working directory."""
-    root = tmp_path / "project"
-    shutil.copytree(partitioned, root)
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("FEDCOMM_PROJECT_ROOT", str(root))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return root
+    return enter_copy(partitioned, tmp_path / "project", monkeypatch)
 
 
 @pytest.mark.parametrize(("name", "fault"), CASES, ids=[f"{f}-{k}" for f, k in CASES])

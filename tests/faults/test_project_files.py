@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from fedcomm.cli import app
 from fedcomm.sparse_io import save_sparse
 from tests.conftest import tiny_params
+from tests.faults._project import enter_copy
 from tests.faults.test_partition_files import _running_mlflow_runs
 
 pytestmark = pytest.mark.slow
@@ -142,12 +143,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def project(evaluated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "project"
-    shutil.copytree(evaluated, root)
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("FEDCOMM_PROJECT_ROOT", str(root))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return root
+    return enter_copy(evaluated, tmp_path / "project", monkeypatch)
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -43,6 +43,7 @@ from optuna.trial import TrialState
 
 from fedcomm.atomic import file_lock
 from fedcomm.config import ConfigError, Params
+from fedcomm.errors import InputError
 from fedcomm.paths import project_root
 from fedcomm.sweep import outputs
 from fedcomm.sweep.outputs import counts
@@ -372,6 +373,8 @@ def run_sweep(
     if base.tracking.enabled:
         try:
             tracking.init_store(uri, experiment)
+        except InputError:  # a damaged store: its own message names the file and the remedy
+            raise
         except Exception as err:
             where = tracking.resolve_tracking_uri(uri)
             raise ConfigError(f"tracking.uri={where}: cannot open the store: {err}") from None

@@ -10,6 +10,12 @@ its own per-session ``busy_timeout`` only after connecting), and :func:`init_sto
 migrates the schema under a file lock, so parallel workers (an Optuna sweep's) never race on the
 migration of a fresh database. Against a tracking *server* (``http://...``, e.g. on PostgreSQL)
 experiments take the server's artifact location instead of a local path.
+
+A damaged store: every function here that opens a store first calls
+:func:`fedcomm.tracking.store.check_store` (before MLflow touches it, so no run is opened), and a
+store that is damaged, of another MLflow schema version, or (for readers) missing or empty raises
+one :class:`~fedcomm.tracking.store.TrackingStoreError` naming the file and the remedy. A run id
+the store does not hold (the store was replaced since it was logged) raises one too.
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ from mlflow.exceptions import MlflowException
 
 from fedcomm.atomic import file_lock
 from fedcomm.paths import project_root
+from fedcomm.tracking.store import SQLITE_TIMEOUT_S, TrackingStoreError, check_store, sqlite_path
 
 MAX_PARAM_LEN = 6000
-SQLITE_TIMEOUT_S = 60
 PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested in the MLflow UI
 
 
@@ -56,11 +62,6 @@ def is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-def sqlite_path(uri: str) -> Path | None:
-    prefix = "sqlite:///"
-    return Path(uri[len(prefix) :].split("?", 1)[0]) if uri.startswith(prefix) else None
-
-
 @contextmanager
 def _store_lock(uri: str) -> Iterator[None]:
     """An exclusive lock beside a SQLite store (a no-op for other stores)."""
@@ -74,15 +75,53 @@ def _store_lock(uri: str) -> Iterator[None]:
 
 def init_store(uri: str | None, experiment: str | None = None) -> str:
     """Create (or migrate) the tracking store and ``experiment`` once, under a lock: what
-    parallel workers call before logging. Returns the resolved URI."""
+    parallel workers call before logging. Returns the resolved URI.
+
+    Raises:
+        TrackingStoreError: a damaged store, or one of another MLflow schema version.
+    """
     resolved = resolve_tracking_uri(uri)
     with _store_lock(resolved):
+        check_store(resolved, create=True)
         client = MlflowClient(tracking_uri=resolved)
         if experiment is not None:
             _experiment_id(client, experiment, project_root())
         else:
             client.search_experiments(max_results=1)
     return resolved
+
+
+def open_client(uri: str | None, *, create: bool, root: Path | None = None) -> MlflowClient:
+    """An MLflow client on the (resolved) store, which :func:`check_store` passed first.
+
+    Args:
+        uri: tracking URI, as for :func:`resolve_tracking_uri`.
+        create: a missing or empty store may be created (a writer starting runs); readers pass
+            ``False``: a store without runs is then an error, not a new empty store.
+        root: project root (default :func:`~fedcomm.paths.project_root`).
+
+    Raises:
+        TrackingStoreError: the store is damaged, of another schema version, or (``create``
+            unset) missing or empty; the message names the file and the remedy.
+    """
+    resolved = resolve_tracking_uri(uri, root)
+    check_store(resolved, create=create)
+    return MlflowClient(tracking_uri=resolved)
+
+
+def require_run(client: MlflowClient, run_id: str, remedy: str) -> None:
+    """Raise :class:`TrackingStoreError` unless the store of ``client`` holds run ``run_id``."""
+    try:
+        client.get_run(run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        uri = client.tracking_uri
+        where = sqlite_path(uri) or uri
+        raise TrackingStoreError(
+            f"{where}: has no MLflow run {run_id} (the store was replaced or recreated since the "
+            f"run was logged); {remedy}"
+        ) from None
 
 
 def artifact_location(root: Path | None = None) -> str:
@@ -174,10 +213,21 @@ def open_run(
     parent_run_id: str | None = None,
 ) -> MlflowTracker:
     """Start a run, or reopen ``run_id`` (a resume) and find the last round it logged. With
-    ``parent_run_id`` the new run is nested under it (a sweep trial under its study)."""
+    ``parent_run_id`` the new run is nested under it (a sweep trial under its study).
+
+    Raises:
+        TrackingStoreError: a damaged store or one of another MLflow schema version (checked
+            before any run is opened), or a ``run_id`` the store does not hold.
+    """
     root = project_root()
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri, root))
+    client = open_client(uri, create=True, root=root)
     if run_id is not None:
+        require_run(
+            client,
+            run_id,
+            "restore the store that holds it, or train again without the checkpoint "
+            "(`fedcomm train --no-resume`)",
+        )
         client.update_run(run_id, status="RUNNING")
         history = client.get_metric_history(run_id, "comm/cum_gib")
         last = max((m.step for m in history), default=0)
@@ -199,8 +249,12 @@ def open_run(
 
 def fail_if_running(uri: str | None, run_id: str, reason: str) -> bool:
     """Mark run ``run_id`` FAILED (tag ``fedcomm.stopped``: ``reason``) if it is still RUNNING:
-    the run of a killed process whose checkpoint cannot be resumed. Whether it was marked."""
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    the run of a killed process whose checkpoint cannot be resumed. Whether it was marked.
+
+    Raises:
+        TrackingStoreError: a damaged store or one of another MLflow schema version.
+    """
+    client = open_client(uri, create=True)
     try:
         run = client.get_run(run_id)
     except MlflowException:
@@ -213,8 +267,16 @@ def fail_if_running(uri: str | None, run_id: str, reason: str) -> bool:
 
 
 def reopen(uri: str | None, run_id: str) -> MlflowTracker:
-    """A handle on an existing run (the evaluate stage adds its summaries to the train run)."""
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    """A handle on an existing run (the evaluate stage adds its summaries to the train run).
+
+    Raises:
+        TrackingStoreError: the store is missing, empty, damaged or of another MLflow schema
+            version, or does not hold run ``run_id``.
+    """
+    client = open_client(uri, create=False)
+    require_run(
+        client, run_id, "restore the store that holds it, or train the run again (`fedcomm train`)"
+    )
     return MlflowTracker(client, run_id, last_logged_round=0)
 
 

@@ -21,7 +21,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
 from fedcomm.config import ConfigError
-from fedcomm.tracking.mlflow import resolve_tracking_uri
+from fedcomm.tracking.mlflow import open_client
 
 TABLES = ("rounds.parquet", "ledger.parquet", "clients.parquet")
 KIND_TAG = "fedcomm.kind"  # "study" / "trial" on sweep runs; absent or "train" on training runs
@@ -174,8 +174,10 @@ def find_runs(
 
     Raises:
         ConfigError: an unknown experiment name or a tag filter MLflow cannot express.
+        TrackingStoreError: the store is missing, empty, damaged or of another MLflow schema
+            version (nothing is created).
     """
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    client = open_client(uri, create=False)
     names = _experiment_ids(client, experiments)
     if not names:
         return []
@@ -231,8 +233,10 @@ def download_tables(
 
     Raises:
         ConfigError: an artifact the run does not have.
+        TrackingStoreError: the store is missing, empty, damaged or of another MLflow schema
+            version.
     """
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    client = open_client(uri, create=False)
     dest.mkdir(parents=True, exist_ok=True)
     out: dict[str, Path] = {}
     with _quiet_downloads():
