@@ -5,7 +5,12 @@ round; 1 local epoch of plain SGD, server SGD lr 1):
 
 - W1: MLP 784-128-10, 1000 clients x 60 samples, 100 clients per round, batch 10, lr 0.05;
 - W2: the LeNet-like `cnn` (conv 5x5x32, conv 5x5x64, fc 512, 582,026 parameters),
-  100 clients x 600 samples, 10 clients per round, batch 32, lr 0.05.
+  100 clients x 600 samples, 10 clients per round, batch 32, lr 0.05;
+- W3, paper size (FedSparse's CIFAR-10 LeNet-5, ``pipeline/reproductions/fedsparse_cifar10.yaml``):
+  the same ``cnn`` on 3x32x32 inputs (878,538 parameters), CIFAR-10's 50,000 training images
+  IID over 100 clients, 10 per round, batch 64, lr 0.05, its 10,000 test images. Read from the
+  data root when CIFAR-10 is there, else random tensors of the same shapes (seeded; the speed is
+  the same, the accuracy is chance): the result's ``data`` says which.
 
 Runners (every repeat of a (workload, runner) is a process of its own, with its own peak RSS):
 
@@ -43,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from rich.console import Console
@@ -54,7 +60,7 @@ from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import ClientData
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import DATA_ROOT_ENV, load_dataset
+from fedcomm.data.datasets import DATA_ROOT_ENV, DatasetNotFoundError, load_dataset
 from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.data.types import Dataset
 from fedcomm.models import build_model
@@ -63,7 +69,6 @@ from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
 
 REPO = Path(__file__).resolve().parents[1]
-N_TRAIN = 60_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +80,26 @@ class Workload:
     batch: int
     lr: float
     rounds: int  # default rounds per repeat
+    dataset: str = "mnist"  # "mnist" (W1, W2) | "cifar10" (W3; synthetic if absent)
+    shape: tuple[int, ...] = (1, 28, 28)
+    n_train: int = 60_000
 
 
 WORKLOADS = {
     "W1": Workload("mlp", {"hidden": [128]}, 1000, per_round=100, batch=10, lr=0.05, rounds=20),
     "W2": Workload("cnn", {}, 100, per_round=10, batch=32, lr=0.05, rounds=5),
+    "W3": Workload(
+        "cnn",
+        {},
+        100,
+        per_round=10,
+        batch=64,
+        lr=0.05,
+        rounds=3,
+        dataset="cifar10",
+        shape=(3, 32, 32),
+        n_train=50_000,
+    ),
 }
 
 
@@ -105,24 +125,42 @@ RUNNERS = {
 DEFAULT_RUNNERS = {
     "W1": list(RUNNERS),
     "W2": ["vectorized", "sequential", "plain"],
+    "W3": ["vectorized", "sequential", "plain"],
 }
 
 
-def start_up(wl: Workload, data_root: str, seed: int) -> tuple[FederatedTensors, torch.nn.Module]:
-    """MNIST train rows IID over the workload's clients; the 10k test rows as global test."""
-    pool = load_dataset("mnist", data_root)  # official train first, then test
-    train = Dataset("mnist", pool.x[:N_TRAIN], pool.y[:N_TRAIN], pool.num_classes)
+def _pool(wl: Workload, data_root: str, seed: int) -> tuple[Dataset, str]:
+    """The workload's dataset (official train rows first, then test) and where it came from."""
+    if wl.dataset == "mnist":
+        return load_dataset("mnist", data_root), "mnist"
+    try:
+        return load_dataset(wl.dataset, data_root), wl.dataset
+    except DatasetNotFoundError:  # same shapes, random values: the speed does not change
+        g = np.random.default_rng(seed)
+        n = wl.n_train + 10_000
+        x = g.standard_normal((n, *wl.shape), dtype=np.float32)
+        y = g.integers(0, 10, n)
+        return Dataset(wl.dataset, x, y, 10), "synthetic"
+
+
+def start_up(
+    wl: Workload, data_root: str, seed: int
+) -> tuple[FederatedTensors, torch.nn.Module, str]:
+    """The train rows IID over the workload's clients; the 10k test rows as global test."""
+    pool, source = _pool(wl, data_root, seed)
+    train = Dataset(wl.dataset, pool.x[: wl.n_train], pool.y[: wl.n_train], pool.num_classes)
     part = make_partition(train, PartitionSpec("iid", wl.clients, {}, 0.0, seed))
     data = FederatedTensors.build(train, part.train, part.test)
-    test = ClientData(  # copies: a view would keep all 70,000 float images alive
-        torch.from_numpy(pool.x[N_TRAIN:].copy()), torch.from_numpy(pool.y[N_TRAIN:]).long()
+    test = ClientData(  # copies: a view would keep every float image alive
+        torch.from_numpy(pool.x[wl.n_train :].copy()),
+        torch.from_numpy(np.asarray(pool.y[wl.n_train :])).long(),
     )
     del pool, train
     data = dataclasses.replace(data, global_test=test)
     gen = torch_generator(seed, Stream.INIT)  # as experiment.build_run_model seeds it
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-    model = build_model(wl.model, input_shape=(1, 28, 28), num_classes=10, **wl.model_kw)
-    return data, model
+    model = build_model(wl.model, input_shape=wl.shape, num_classes=10, **wl.model_kw)
+    return data, model, source
 
 
 def run_library(
@@ -195,10 +233,10 @@ def run_plain(
     return round_s, acc
 
 
-def forward_flops(model: torch.nn.Module) -> int:
-    """FLOPs of one forward pass of one 1x28x28 sample (counted, not estimated)."""
+def forward_flops(model: torch.nn.Module, shape: tuple[int, ...] = (1, 28, 28)) -> int:
+    """FLOPs of one forward pass of one sample of ``shape`` (counted, not estimated)."""
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(torch.zeros(1, 1, 28, 28))
+        model(torch.zeros(1, *shape))
     return int(counter.get_total_flops())
 
 
@@ -222,16 +260,17 @@ def worker(name: str, runner_name: str, rounds: int, data_root: str, seed: int) 
     and this process's matmul throughput and peak RSS."""
     wl, runner = WORKLOADS[name], RUNNERS[runner_name]
     t0 = time.perf_counter()
-    data, model = start_up(wl, data_root, seed)
+    data, model, source = start_up(wl, data_root, seed)
     startup = time.perf_counter() - t0
     if runner.kind == "plain":
         round_s, acc = run_plain(wl, data, model, rounds, seed)
     else:
         round_s, acc = run_library(wl, data, model, rounds, seed, runner.backend, runner.algorithm)
-    fwd = forward_flops(model)
-    train_samples = N_TRAIN // wl.clients * wl.per_round
+    fwd = forward_flops(model, wl.shape)
+    train_samples = wl.n_train // wl.clients * wl.per_round
     round_flops = 3 * fwd * train_samples + fwd * data.global_test.num_examples
     return {
+        "data": source,
         "startup_s": startup,
         "round_s": round_s,
         "final_accuracy": acc,
@@ -252,6 +291,7 @@ def summarize(name: str, runner_name: str, reps: list[dict[str, Any]]) -> dict[s
     return {
         "workload": name,
         "runner": runner_name,
+        "data": last["data"],  # "synthetic": W3 without CIFAR-10 on disk (shapes only)
         "algorithm": runner.algorithm if runner.kind == "library" else "fedavg",
         "round_s_median": statistics.median(steady),
         "round1_s_median": statistics.median(rep["round_s"][0] for rep in reps),
@@ -277,7 +317,7 @@ def main() -> None:
         choices=list(RUNNERS),
         help="default: every runner on W1; vectorized, sequential and plain on W2",
     )
-    p.add_argument("--rounds", type=int, default=None, help="default: W1 20, W2 5")
+    p.add_argument("--rounds", type=int, default=None, help="default: W1 20, W2 5, W3 3")
     p.add_argument("--repeats", type=int, default=3, help="processes per (workload, runner)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
@@ -294,7 +334,7 @@ def main() -> None:
         result = worker(*args.worker, rounds, args.data_root, args.seed)
         args.out.write_text(json.dumps(result))
         return
-    results = []
+    results: list[dict[str, Any]] = []
     for name in args.workloads:
         rounds = args.rounds or WORKLOADS[name].rounds
         runners = args.runners or DEFAULT_RUNNERS[name]

@@ -38,9 +38,9 @@ def main() -> None:
     wl, runner = bench.WORKLOADS[args.workload], bench.RUNNERS[args.runner]
     if runner.kind != "library":
         raise SystemExit("profile_round.py profiles the library's runners, not 'plain'")
-    data, model = bench.start_up(wl, args.data_root, 0)
+    data, model, _ = bench.start_up(wl, args.data_root, 0)
     bench.run_library(wl, data, model, 2, 0, runner.backend, runner.algorithm)  # warm-up
-    data, model = bench.start_up(wl, args.data_root, 0)
+    data, model, _ = bench.start_up(wl, args.data_root, 0)
     py = cProfile.Profile()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         py.enable()

@@ -99,7 +99,9 @@ def test_probe_accepts_plain_models_and_names_what_it_refuses() -> None:
     text = _fed(torch.randint(0, 80, (4, 12)), torch.randint(0, 80, (4, 12)))
     lstm = build_model("lstm", input_shape=(12,), num_classes=80)
     assert model_unbatched_reason(lstm, text, local) is None  # GateLSTM's gate form batches
-    fused = torch.nn.Sequential(torch.nn.Embedding(80, 8), _LastStep(torch.nn.LSTM(8, 8)))
+    fused = torch.nn.Sequential(
+        torch.nn.Embedding(80, 8), _LastStep(torch.nn.LSTM(8, 80, batch_first=True))
+    )
     reason = model_unbatched_reason(fused, text, local)  # a plain nn.LSTM does not
     assert reason is not None and "no batching rule" in reason and "rnn" in reason
 
