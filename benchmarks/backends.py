@@ -65,7 +65,7 @@ from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.data.types import Dataset
 from fedcomm.models import build_model
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.simulation import loop
+from fedcomm.simulation import allocator, loop
 from fedcomm.simulation.data import FederatedTensors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +116,7 @@ RUNNERS = {
     "vectorized": Runner("library", "vectorized"),
     "sequential": Runner("library", "sequential"),
     "plain": Runner("plain"),
+    "plain-no-malloc-tuning": Runner("plain", env=NO_TUNING),
     "vectorized-fedsparse": Runner("library", "vectorized", "fedsparse"),
     "vectorized-fedbiad": Runner("library", "vectorized", "fedbiad"),
     "vectorized-feddst": Runner("library", "vectorized", "feddst"),
@@ -263,6 +264,9 @@ def worker(name: str, runner_name: str, rounds: int, data_root: str, seed: int) 
     data, model, source = start_up(wl, data_root, seed)
     startup = time.perf_counter() - t0
     if runner.kind == "plain":
+        # the process-wide malloc setting the library's backends apply (a research loop can set
+        # it too: MALLOC_MMAP_THRESHOLD_); without it every deepcopy pays fresh page faults
+        allocator.tune()
         round_s, acc = run_plain(wl, data, model, rounds, seed)
     else:
         round_s, acc = run_library(wl, data, model, rounds, seed, runner.backend, runner.algorithm)
