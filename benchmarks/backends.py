@@ -265,7 +265,7 @@ def worker(name: str, runner_name: str, rounds: int, data_root: str, seed: int) 
     startup = time.perf_counter() - t0
     if runner.kind == "plain":
         # the process-wide malloc setting the library's backends apply (a research loop can set
-        # it too: MALLOC_MMAP_THRESHOLD_); without it every deepcopy pays fresh page faults
+        # it too: MALLOC_MMAP_THRESHOLD_); without it its speed jumped between runs (docs/speed.md)
         allocator.tune()
         round_s, acc = run_plain(wl, data, model, rounds, seed)
     else:

@@ -468,15 +468,14 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     """
     out = paths.run_dir(run, seed)
     remedy = run_files.train_remedy(run, seed)
-    trained = run_files.read_trained(paths.train_dir(run, seed), remedy)  # all checked first
+    folder = paths.train_dir(run, seed)
+    trained = run_files.read_trained(folder, remedy)  # every file checked before any work
     tr = None  # the run's MLflow run, checked (store readable, run present) before any work
     if params.tracking.enabled and trained.info.get("mlflow_run_id"):
         tr = tracking.reopen(params.tracking.uri, trained.info["mlflow_run_id"])
     data, phash = load_federated(params, paths)
-    run_json = paths.train_dir(run, seed) / "run.json"
-    run_files.check_config(
-        trained.info, resolved_run_config(params, run, seed, phash), run_json, remedy
-    )
+    config = resolved_run_config(params, run, seed, phash)
+    run_files.check_config(trained.info, config, folder / "run.json", remedy)
     rounds, ledger = trained.rounds, trained.ledger
     ev = params.evaluate
     server_s = rounds["time/server_s"] if "time/server_s" in rounds.columns else None
@@ -495,7 +494,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     algorithm = build_algorithm(params.algorithm(run))
     if algorithm.prepare_model is not None:  # e.g. ProgFed: the saved sub-model's structure
         model = algorithm.prepare_model(model, seed)
-    model_file = paths.train_dir(run, seed) / "model.safetensors"
+    model_file = folder / "model.safetensors"
     members = split_members(trained.model)  # an ensemble (fedavg_mog) is evaluated as one
     run_files.check_fits(members, model, model_file, remedy)
     numel = dense_numel(model)
