@@ -9,13 +9,21 @@ allowed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedcomm.algorithms import CONFIGS, AlgorithmConfig
 from fedcomm.algorithms._local import LocalConfig
@@ -30,6 +38,7 @@ from fedcomm.comm.compressors.config import (  # noqa: F401  (part of the params
     StcCompressor,
 )
 from fedcomm.errors import InputError, one_line
+from fedcomm.simulation.device import DEVICE_PATTERN
 
 
 class Strict(BaseModel):
@@ -344,8 +353,22 @@ class TrainConfig(Strict):
         "round's clients train as one batched computation (torch.func.vmap), falling back to "
         "sequential, with a log line saying why, for algorithms or models it cannot batch",
     )
-    chunk_size: int = Field(
-        128, ge=1, description="vectorized: clients per batched computation (bounds memory)"
+    chunk_size: int | Literal["auto"] = Field(
+        128,
+        description="vectorized: clients per batched computation (bounds memory); auto: as "
+        "many as fit in the device's free memory (see docs/speed.md)",
+    )
+    device: str = Field(
+        "auto",
+        description="where the model, the clients' data, training and evaluation live: auto "
+        "(cuda if available, else cpu), cpu, cuda, cuda:N or mps; a device this machine lacks "
+        "is an error before any work",
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="local training's forward and backward: fp32, or autocast to bf16/fp16 "
+        "(matmuls and convolutions; parameters, updates and evaluation stay fp32; fp16 has no "
+        "loss scaling)",
     )
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(2048, ge=1)
@@ -358,6 +381,20 @@ class TrainConfig(Strict):
         "whose update is non-finite: stop the run (exit 2, MLflow run FAILED) or skip it",
     )
     divergence_loss: float = Field(1e6, gt=0, description="a training loss above this diverged")
+
+    @field_validator("chunk_size", mode="before")
+    @classmethod
+    def _chunk_size(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError("Input should be an integer >= 1 or 'auto'")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(DEVICE_PATTERN, v):
+            raise ValueError("Input should be auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps")
+        return v
 
 
 class ExperimentConfig(Strict):

@@ -47,6 +47,7 @@ from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import checkpoint as ckpt_mod
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.simulation.device import resolve as resolve_device
 from fedcomm.simulation.progress import round_progress
 from fedcomm.sparse_io import save_sparse
 from fedcomm.tracking import mlflow as tracking
@@ -178,7 +179,7 @@ def load_federated(params: Params, paths: Paths) -> tuple[FederatedTensors, str]
 def build_run_model(params: Params, data: FederatedTensors, seed: int) -> torch.nn.Module:
     """The model, initialised from the ``(seed, INIT)`` stream."""
     gen = torch_generator(seed, Stream.INIT)
-    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device)))
     return build_model(
         params.model.name,
         input_shape=data.input_shape,
@@ -298,6 +299,8 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         checkpoint_every=t.checkpoint_every,
         backend=t.backend,
         chunk_size=t.chunk_size,
+        device=t.device,
+        precision=t.precision,
         on_divergence=t.on_divergence,
         divergence_loss=t.divergence_loss,
     )
@@ -314,6 +317,7 @@ def check_run(
         ConfigError: naming the key at fault.
     """
     params.algorithm(run)
+    resolve_device(params.train.device)  # a device this machine lacks: DeviceError, now
     _check_fits(params, data)
     model = _check_model(params, data, seed)
     algorithm = build_algorithm(params.algorithm(run))
@@ -470,6 +474,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     remedy = run_files.train_remedy(run, seed)
     folder = paths.train_dir(run, seed)
     trained = run_files.read_trained(folder, remedy)  # every file checked before any work
+    dev = resolve_device(params.train.device)  # the saved model is evaluated there too
     tr = None  # the run's MLflow run, checked (store readable, run present) before any work
     if params.tracking.enabled and trained.info.get("mlflow_run_id"):
         tr = tracking.reopen(params.tracking.uri, trained.info["mlflow_run_id"])
@@ -502,6 +507,8 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     summary["comm"] = comm_summary(
         ledger, bits.dense(numel), params.train.rounds, params.train.clients_per_round
     )
+    model, data = model.to(dev), data.to(dev)
+    members = [{k: v.to(dev) for k, v in m.items()} for m in members]
     g = evaluate(model, members, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
     per_client = [
         {"client_id": c, **_eval_row(evaluate(model, members, d.x, d.y))}

@@ -82,7 +82,7 @@ def load_sparse(path: Path) -> Params:
             continue
         values = stored[name + "::values"]
         numel = int(np.prod(shape)) if shape else 1
-        flat = torch.zeros(numel, dtype=values.dtype)
+        flat = torch.zeros(numel, dtype=values.dtype, device="cpu")
         if info["layout"] == "bitmap":
             bits = np.unpackbits(stored[name + "::bitmap"].numpy(), count=numel).astype(bool)
             flat[torch.from_numpy(bits)] = values

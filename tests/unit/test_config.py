@@ -6,6 +6,7 @@ import contextlib
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -67,7 +68,14 @@ def test_tiny_params_validate() -> None:
         ),
         ({"train.local.steps": 5}, "set exactly one of epochs and steps"),
         ({"train.backend": "gpu"}, "train.backend: Input should be 'sequential' or 'vectorized'"),
-        ({"train.chunk_size": 0}, "train.chunk_size: Input should be greater than or equal to 1"),
+        ({"train.chunk_size": 0}, "train.chunk_size: Input should be an integer >= 1 or 'auto'"),
+        (
+            {"train.chunk_size": "max"},
+            "train.chunk_size: Input should be an integer >= 1 or 'auto'",
+        ),
+        ({"train.device": "gpu"}, "train.device: Input should be auto, cpu, cuda, cuda:N"),
+        ({"train.device": "cuda:-1"}, "train.device: Input should be auto, cpu, cuda, cuda:N"),
+        ({"train.precision": "fp8"}, "train.precision: Input should be 'fp32', 'bf16' or 'fp16'"),
         ({"partition.test_fraction": 1.0}, "partition.test_fraction"),
         ({"evaluate.targets": [1.5]}, "evaluate.targets.0"),
         ({"evaluate.upload_caps_gib": [1.0, 0.0]}, "evaluate.upload_caps_gib.1"),
@@ -254,3 +262,20 @@ def test_missing_dataset_is_one_clear_line(project: Path, tmp_path: Path) -> Non
     assert res.exit_code == 2
     assert "error:" in res.output and "train-images-idx3-ubyte" in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_device_this_machine_lacks_stops_train_before_any_work(project: Path) -> None:
+    """``train.device: cuda`` on a machine without CUDA: exit 2, the key, what is allowed, and
+    nothing trained or tracked (the partition, made first, is the only output)."""
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params(**{"train.device": "cuda"})))
+    assert CliRunner().invoke(app, ["partition"]).exit_code == 0
+    before = sorted(p.relative_to(project) for p in project.rglob("*"))
+    res = CliRunner().invoke(app, ["train", "--run", "fedavg"])
+    assert res.exit_code == 2, res.output
+    assert "error: train.device: 'cuda' is not available" in res.output
+    assert "allowed here: ['auto', 'cpu'" in res.output
+    assert "Traceback" not in res.output
+    assert sorted(p.relative_to(project) for p in project.rglob("*")) == before
+    res = CliRunner().invoke(app, ["config", "validate"])
+    assert res.exit_code == 2 and "train.device: 'cuda' is not available" in res.output

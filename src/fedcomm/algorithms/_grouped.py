@@ -63,13 +63,15 @@ def encode_groups(
         if name in axes:  # the kept slices along the group axis, row-major (= t[entry mask])
             spec, axis = axes[name]
             idx = _kept(group_masks, spec)
-            values = (values if idx is None else values.index_select(axis, idx)).reshape(-1)
+            values = (
+                values if idx is None else values.index_select(axis, idx.to(values.device))
+            ).reshape(-1)
         entries[f"w/{name}"] = Dense(values)  # (kept,) or the whole ungrouped tensor
     if send_masks:
         for spec in specs:
             bits = group_masks[spec.name].bool()
             if mask_over is not None:
-                bits = bits[mask_over[spec.name].bool()]
+                bits = bits[mask_over[spec.name].bool().to(bits.device)]
             entries[f"mask/{spec.name}"] = Mask(bits)
     return entries
 
@@ -95,12 +97,12 @@ def decode_groups(
         axis = axes[name][1]
         sel = list(ref.shape)
         sel[axis] = idx.numel()
-        out[name] = torch.zeros_like(ref).index_copy_(axis, idx, values.reshape(sel))
+        out[name] = torch.zeros_like(ref).index_copy_(axis, idx.to(ref.device), values.reshape(sel))
     return out
 
 
 def scatter_mask(bits: Tensor, over: Tensor) -> Tensor:
     """Mask bits sent only for the groups where ``over`` is true, back to a full group mask."""
-    full = torch.zeros(over.shape, dtype=torch.bool)
-    full[over.bool()] = bits.bool()
+    full = torch.zeros(over.shape, dtype=torch.bool, device=over.device)
+    full[over.bool()] = bits.bool().to(over.device)
     return full

@@ -119,7 +119,7 @@ def batch_schedule(n: int, cfg: LocalConfig, generator: torch.Generator) -> list
     epochs = cfg.epochs if cfg.epochs is not None else math.ceil((cfg.steps or 0) / per_epoch)
     batches: list[Tensor] = []
     for _ in range(epochs):
-        perm = torch.randperm(n, generator=generator)
+        perm = torch.randperm(n, generator=generator, device=generator.device)
         batches.extend(perm.split(cfg.batch_size))
     return batches if cfg.steps is None else batches[: cfg.steps]
 
@@ -225,7 +225,7 @@ def init_bufs(
         bufs[f"adamax.m.{k}"] = torch.zeros_like(live[k])
         bufs[f"adamax.u.{k}"] = torch.zeros_like(live[k])
     if aux_keys:
-        bufs["adamax.t"] = torch.zeros(())
+        bufs["adamax.t"] = torch.zeros((), device=next(iter(live.values())).device)
     return bufs
 
 

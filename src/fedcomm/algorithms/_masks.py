@@ -89,9 +89,11 @@ def maskable_layers(model: nn.Module) -> tuple[MaskLayer, ...]:
     return tuple(out)
 
 
-def ones(layers: Sequence[MaskLayer]) -> Masks:
-    """The all-ones (dense) mask of ``layers``."""
-    return {layer.name: torch.ones(layer.shape, dtype=torch.bool) for layer in layers}
+def ones(layers: Sequence[MaskLayer], device: torch.device | str = "cpu") -> Masks:
+    """The all-ones (dense) mask of ``layers`` on ``device``."""
+    return {
+        layer.name: torch.ones(layer.shape, dtype=torch.bool, device=device) for layer in layers
+    }
 
 
 # --- layer budgets -------------------------------------------------------------------------------
@@ -279,7 +281,9 @@ def encode(
     for name, m in masks.items():
         entries[MASK + name] = Mask(m) if mask_charge == "sent" else Free(m)
         if mask_charge == "kept":  # the FedDST code's count: d_k·N_m bits
-            entries[MASK_COST + name] = Mask(torch.ones(int(m.sum()), dtype=torch.bool))
+            entries[MASK_COST + name] = Mask(
+                torch.ones(int(m.sum()), dtype=torch.bool, device=m.device)
+            )
     return Payload(entries)
 
 

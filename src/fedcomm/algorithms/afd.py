@@ -107,14 +107,18 @@ def weighted_selection(scores: Tensor, n_keep: int, generator: torch.Generator) 
     probability proportional to their score among the positive-score units, then (when fewer
     than ``n_keep`` units have a positive score) the rest drawn uniformly from the others."""
     count = scores.numel()
-    keep = torch.zeros(count, dtype=torch.bool)
+    keep = torch.zeros(count, dtype=torch.bool, device=scores.device)
     positive = scores > 0
     n_weighted = min(n_keep, int(positive.sum()))
     if n_weighted > 0:
         weights = torch.where(positive, scores, 0.0).double()
         keep[torch.multinomial(weights, n_weighted, replacement=False, generator=generator)] = True
     rest = (~keep).nonzero().squeeze(1)
-    top_up = rest[torch.randperm(rest.numel(), generator=generator)[: n_keep - n_weighted]]
+    top_up = rest[
+        torch.randperm(rest.numel(), generator=generator, device=generator.device)[
+            : n_keep - n_weighted
+        ]
+    ]
     keep[top_up] = True
     return keep
 
@@ -147,7 +151,7 @@ def next_submodel(
         return dict(keep), dict(scores), False
     if loss < prev_loss:  # False for a NaN loss: resample
         reward = (prev_loss - loss) / prev_loss if prev_loss > 0 else 0.0
-        new = {k: torch.where(keep[k], torch.tensor(reward), s) for k, s in scores.items()}
+        new = {k: torch.where(keep[k], reward, s) for k, s in scores.items()}
         return dict(keep), new, False
     return sample_keep(layers, scores, counts, generator), dict(scores), True
 
@@ -177,7 +181,7 @@ def build(cfg: Config) -> FedAlgorithm:
 
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         layers = feddrop.unit_layers(ctx.model)
-        scores = {s.name: torch.zeros(s.count) for s in layers}
+        scores = {s.name: torch.zeros(s.count, device="cpu") for s in layers}  # with the draws
         g = torch_generator(ctx.seed, Stream.ALGORITHM, 0)
         keep = sample_keep(layers, scores, keep_counts(layers, cfg.p), g)  # uniform
         return ServerState(clone_params(params), opt.init(params), layers, keep, scores, None)
@@ -192,7 +196,7 @@ def build(cfg: Config) -> FedAlgorithm:
     ) -> _jobs.LocalJob:
         def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
             delta = feddrop.encode_kept({k: res.live[k] - sub[k] for k in sub}, keep)
-            loss = Meta(torch.tensor(res.loss, dtype=torch.float32))  # 32 bits
+            loss = Meta(torch.tensor(res.loss, dtype=torch.float32, device="cpu"))  # 32 bits
             return ClientResult(
                 uplink=Payload(delta | {LOSS: loss}),
                 state=None,

@@ -173,7 +173,10 @@ def pick_member(members: Sequence[Params], data: ClientData, ctx: ClientContext)
 def noisy_copies(params: Params, k: int, std: float, gen: torch.Generator) -> tuple[Params, ...]:
     """``k`` copies of ``params`` plus i.i.d. ``N(0, std²)`` noise, drawn member by member."""
     return tuple(
-        {n: v.detach() + std * torch.randn(v.shape, generator=gen).to(v) for n, v in params.items()}
+        {
+            n: v.detach() + std * torch.randn(v.shape, generator=gen, device=gen.device).to(v)
+            for n, v in params.items()
+        }
         for _ in range(k)
     )
 

@@ -247,22 +247,30 @@ def random_pattern(
     per layer (``layer``), or ``ceil((1 − p)·J)`` over all J rows (``global``)."""
     if scope == "global":
         total = sum(s.count for s in specs)
-        flat = torch.zeros(total, dtype=torch.bool)
-        flat[torch.randperm(total, generator=generator)[: kept_count(total, p)]] = True
+        flat = torch.zeros(total, dtype=torch.bool, device=generator.device)
+        flat[
+            torch.randperm(total, generator=generator, device=generator.device)[
+                : kept_count(total, p)
+            ]
+        ] = True
         return dict(zip([s.name for s in specs], flat.split([s.count for s in specs]), strict=True))
     out = {}
     for s in specs:
-        mask = torch.zeros(s.count, dtype=torch.bool)
-        mask[torch.randperm(s.count, generator=generator)[: kept_count(s.count, p)]] = True
+        mask = torch.zeros(s.count, dtype=torch.bool, device=generator.device)
+        mask[
+            torch.randperm(s.count, generator=generator, device=generator.device)[
+                : kept_count(s.count, p)
+            ]
+        ] = True
         out[s.name] = mask
     return out
 
 
 def top_rows(scores: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """Bool mask of the ``k`` highest scores, ties broken uniformly at random."""
-    perm = torch.randperm(scores.numel(), generator=generator)
+    perm = torch.randperm(scores.numel(), generator=generator, device=generator.device)
     order = torch.sort(scores[perm], descending=True, stable=True).indices
-    mask = torch.zeros(scores.numel(), dtype=torch.bool)
+    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=perm.device)
     mask[perm[order[:k]]] = True
     return mask
 
@@ -362,7 +370,8 @@ def aggregate(
     mean = weighted_mean(deltas, weights)  # Σ_k w_k β_k δ_k / Σ_k w_k
     if how == "fill":  # every client's dropped rows reconstructed as U_{r−1} (a zero update)
         return mean, everywhere
-    share = torch.tensor(weights, dtype=torch.float64) / sum(weights)
+    share = torch.tensor(weights, dtype=torch.float64, device=next(iter(prev.values())).device)
+    share = share / sum(weights)
     out, held = {}, {}
     for k, m in mean.items():
         if not any(k in km for km in kept):
@@ -384,7 +393,7 @@ def holder_masks(
     """``next_columns: holders``: the entry masks of ``β`` plus, in the next layer, the input
     columns reading each dropped row (FedDrop's sub-model masks; every parameter present)."""
     layers = feddrop.unit_layers(model)  # ValueError for non-sequential models
-    whole = {s.name: torch.ones(s.count, dtype=torch.bool) for s in layers}
+    whole = {s.name: torch.ones(s.count, dtype=torch.bool, device="cpu") for s in layers}
     return feddrop.param_masks(layers, whole | {s.name: beta[s.name] for s in specs}, params)
 
 
@@ -495,7 +504,7 @@ def make(cfg: Config) -> FedAlgorithm:
         scores = {
             s.name: cstate.scores[s.name].clone()
             if s.name in cstate.scores
-            else torch.zeros(s.count)
+            else torch.zeros(s.count, device="cpu")  # row scores live with the draws
             for s in specs
         }
         u0 = {k: down[k] for k in names}
@@ -525,7 +534,9 @@ def make(cfg: Config) -> FedAlgorithm:
         def draws() -> dict[str, Tensor]:  # ε per parameter, in parameter order
             if s_tilde > 0:
                 return {
-                    EPS + n: torch.randn(params[n].shape, generator=gen, dtype=params[n].dtype)
+                    EPS + n: torch.randn(
+                        params[n].shape, generator=gen, dtype=params[n].dtype, device=gen.device
+                    ).to(u0[n].device)  # drawn on the CPU generator: the same on any device
                     for n in names
                 }
             return {EPS + n: torch.zeros_like(params[n]) for n in names}
@@ -576,8 +587,8 @@ def make(cfg: Config) -> FedAlgorithm:
 
         frozen = {
             **masks_of(beta),
-            S_TILDE: torch.tensor(s_tilde, dtype=u0[names[0]].dtype),
-            KL_COEF: torch.tensor(kl_coef, dtype=u0[names[0]].dtype),
+            S_TILDE: torch.tensor(s_tilde, dtype=u0[names[0]].dtype, device=u0[names[0]].device),
+            KL_COEF: torch.tensor(kl_coef, dtype=u0[names[0]].dtype, device=u0[names[0]].device),
         }
         return _jobs.new_job(
             program_for(model, freeze),

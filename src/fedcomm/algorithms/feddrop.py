@@ -175,8 +175,8 @@ def select_units(
     g = torch_generator(seed, Stream.ALGORITHM, round_, client_id)
     keep = {}
     for spec in layers:
-        mask = torch.ones(spec.count, dtype=torch.bool)
-        mask[torch.randperm(spec.count, generator=g)[: counts[spec.name]]] = False
+        mask = torch.ones(spec.count, dtype=torch.bool, device=g.device)  # drawn on g's device
+        mask[torch.randperm(spec.count, generator=g, device=g.device)[: counts[spec.name]]] = False
         keep[spec.name] = mask
     return keep
 
@@ -194,7 +194,9 @@ def param_masks(
             nxt = layers[i + 1].members[0][0]
             reads = params[nxt].shape[1] // spec.count
             shape = [1, -1] + [1] * (params[nxt].dim() - 2)
-            masks[nxt] = masks[nxt] & keep[spec.name].repeat_interleave(reads).view(shape)
+            masks[nxt] = masks[nxt] & keep[spec.name].to(masks[nxt].device).repeat_interleave(
+                reads
+            ).view(shape)
     return masks
 
 
@@ -226,7 +228,7 @@ def aggregate(
     """``(Δ, held by any client)``: ``Δ = Σ w_k δ_k / Σ w_k`` over the holders (``held``) or all
     clients (``all``); where every client holds an entry both are the plain weighted mean."""
     mean = weighted_mean(deltas, weights)  # Σ_k w_k δ_k / Σ_k w_k, 0 where nobody holds
-    share = torch.tensor(weights) / sum(weights)  # (K,)
+    share = torch.tensor(weights, device=deltas[0][next(iter(deltas[0]))].device) / sum(weights)
     out, held = {}, {}
     for k, m in mean.items():
         stacked = torch.stack([mk[k] for mk in masks])  # (K, *shape) bool

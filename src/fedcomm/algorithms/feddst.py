@@ -266,7 +266,7 @@ def make(
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         layers = layers_of(ctx.model)
         budgets = _masks.layer_budgets(layers, S, cfg.distribution)
-        dense = _masks.ones(layers)
+        dense = _masks.ones(layers, next(iter(params.values())).device)
         masks = dense if dense_start else _masks.prune_to_budgets(params, dense, budgets)
         return ServerState(
             _masks.apply_masks(params, masks),

@@ -133,7 +133,11 @@ def build(cfg: Config) -> FedAlgorithm:
 
         def finish(res: _jobs.JobResult) -> ClientResult:
             sparse, keep = hard_threshold(res.live, specs, lam)
-            kept = torch.cat(list(keep.values())).float().mean() if keep else torch.ones(())
+            kept = (
+                torch.cat(list(keep.values())).float().mean()
+                if keep
+                else torch.ones((), device="cpu")
+            )
             return ClientResult(
                 uplink=encode(sparse, keep, specs),
                 state=None,

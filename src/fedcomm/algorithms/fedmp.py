@@ -94,8 +94,8 @@ def prune_units(
     dropped = feddrop.drop_counts(layers, conv_rate=p, fc_rate=p, drop_output=False)
     keep = {}
     for spec in layers:
-        mask = torch.ones(spec.count, dtype=torch.bool)
         order = torch.argsort(unit_l1_norms(spec, params), stable=True)
+        mask = torch.ones(spec.count, dtype=torch.bool, device=order.device)
         mask[order[: dropped[spec.name]]] = False
         keep[spec.name] = mask
     return keep

@@ -139,7 +139,7 @@ def v_gradient(
     """Closed-form ascent direction for v: ``Σ_s p_s · −(z_s − θ) σ(v) / T`` (Algorithm 1) with
     client weights ``p_s`` summing to 1 (default: the plain mean over clients)."""
     per_client = torch.stack([-(zs.float() - theta) * torch.sigmoid(v) / T for zs in z])
-    p = torch.full((len(z),), 1 / len(z)) if weights is None else weights
+    p = torch.full((len(z),), 1 / len(z), device=v.device) if weights is None else weights
     return (p.reshape(-1, 1) * per_client).sum(0)
 
 
@@ -168,7 +168,8 @@ def make(cfg: Config) -> FedAlgorithm:
             ).detach()
             for s in specs
         }
-        alive = {s.name: torch.ones(s.count, dtype=torch.bool) for s in specs}
+        dev = next(iter(params.values())).device
+        alive = {s.name: torch.ones(s.count, dtype=torch.bool, device=dev) for s in specs}
         w = {k: t.detach().clone() for k, t in params.items()}
         return ServerState(w, v, alive, w_opt.init(w), v_opt.init(v), specs)
 
@@ -260,7 +261,9 @@ def make(cfg: Config) -> FedAlgorithm:
         alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}
         w = decode_groups(down, shapes, specs, alive)
         v = {
-            s.name: torch.zeros(s.count).masked_scatter(alive[s.name], down[f"v/{s.name}"])
+            s.name: torch.zeros(s.count, device=alive[s.name].device).masked_scatter(
+                alive[s.name], down[f"v/{s.name}"]
+            )
             for s in specs
         }
         theta = thetas(w, v, specs)  # held constant during the round
@@ -279,7 +282,9 @@ def make(cfg: Config) -> FedAlgorithm:
             if cfg.force_gates_on:
                 return {}
             return {
-                NOISE + s.name: torch.rand(s.count, generator=gen).clamp(1e-6, 1 - 1e-6)
+                NOISE + s.name: torch.rand(s.count, generator=gen, device=gen.device)
+                .clamp(1e-6, 1 - 1e-6)
+                .to(theta[s.name].device)  # drawn on the CPU generator: the same on any device
                 for s in specs
             }
 
@@ -328,7 +333,9 @@ def make(cfg: Config) -> FedAlgorithm:
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
     ) -> ServerState:
-        weights = torch.tensor(client_weights(uplinks, cfg.weighting))
+        weights = torch.tensor(
+            client_weights(uplinks, cfg.weighting), device=next(iter(state.params.values())).device
+        )
         weights = weights / weights.sum()
         theta = thetas(state.params, state.v, state.specs)
         g_w = {k: torch.zeros_like(t) for k, t in state.params.items()}
@@ -338,7 +345,7 @@ def make(cfg: Config) -> FedAlgorithm:
             zs.append(z)
             kept = entry_masks(state.specs, z, state.params)
             for k in g_w:  # z_s ⊙ (ŵ_s − w); ungated parameters are always sent
-                g_w[k] += wt * (w_hat[k] - state.params[k]) * kept.get(k, torch.ones(()))
+                g_w[k] += wt * (w_hat[k] - state.params[k]) * kept.get(k, 1.0)
         step, w_opt_state = w_opt.update(g_w, state.w_opt)
         params = apply_step(state.params, step)
         g_v = {
@@ -384,8 +391,9 @@ def make(cfg: Config) -> FedAlgorithm:
 def _sample_z(pi: Tensor, generator: torch.Generator, cfg: Config) -> Tensor:
     """Exact binary upload gates ``z ~ Bern(π)`` (all ones when gates are forced on)."""
     if cfg.force_gates_on:
-        return torch.ones(pi.shape, dtype=torch.bool)
-    return torch.bernoulli(pi, generator=generator).bool()
+        return torch.ones(pi.shape, dtype=torch.bool, device=pi.device)
+    # drawn on the (CPU) generator, so the gates, and the bits they cost, are device-independent
+    return torch.bernoulli(pi.to(generator.device), generator=generator).bool().to(pi.device)
 
 
 def _mask_moments(state: Any, keep: Mapping[str, Tensor]) -> Any:

@@ -104,7 +104,7 @@ def sample_widths(
 ) -> list[float]:
     """One width per local batch, uniform over :func:`allowed_levels`."""
     allowed = allowed_levels(levels, q_max)
-    idx = torch.randint(len(allowed), (num_batches,), generator=generator)
+    idx = torch.randint(len(allowed), (num_batches,), generator=generator, device=generator.device)
     return [allowed[int(i)] for i in idx]
 
 

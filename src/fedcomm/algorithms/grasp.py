@@ -84,7 +84,7 @@ def grasp_scores(
     names = [la.name for la in _masks.maskable_layers(model)]
     leaves = {k: params[k].detach().requires_grad_(True) for k in names}
     rest = {k: v.detach() for k, v in params.items() if k not in leaves}
-    batches = torch.arange(data.num_examples).split(batch_size)
+    batches = torch.arange(data.num_examples, device=data.x.device).split(batch_size)
 
     def grads(idx: Tensor, create_graph: bool) -> tuple[Tensor, ...]:
         logits = functional_call(model, {**rest, **leaves}, (data.x[idx],))
@@ -127,7 +127,11 @@ def build(cfg: Config) -> FedAlgorithm:
     ) -> tuple[feddst.ServerState, Sequence[Message]]:
         cid = 0
         if cfg.client == "random":
-            cid = int(torch.randint(len(train), (1,), generator=ctx.generator))
+            cid = int(
+                torch.randint(
+                    len(train), (1,), generator=ctx.generator, device=ctx.generator.device
+                )
+            )
         scores = grasp_scores(
             ctx.model, state.params, train[cid], ctx.local.batch_size, cfg.temperature
         )

@@ -104,7 +104,7 @@ def first_units(layers: Sequence[GroupSpec], rate: float) -> dict[str, Tensor]:
     keep = {}
     for spec in layers:
         kept = spec.count if spec.is_output else width_units(rate, spec.count)
-        keep[spec.name] = torch.arange(spec.count) < kept
+        keep[spec.name] = torch.arange(spec.count, device="cpu") < kept  # (moved to each param)
     return keep
 
 
@@ -132,7 +132,7 @@ def label_masks(
 ) -> dict[str, Tensor]:
     """Bool masks of the output layer's rows (weight and bias) of the labels in ``labels``."""
     out = next(s for s in layers if s.is_output)
-    present = torch.zeros(out.count, dtype=torch.bool)
+    present = torch.zeros(out.count, dtype=torch.bool, device=labels.device)
     present[labels.reshape(-1).long().unique()] = True
     return {k: m.bool() for k, m in expand_mask(out, present, params).items()}
 

@@ -236,7 +236,7 @@ class CounterCharge:
     numel: int
 
     def decode(self) -> Tensor:
-        return torch.zeros(0)
+        return torch.zeros(0, device="cpu")
 
     def nbits(self) -> BitCount:
         return BitCount(payload=bits.dense(self.numel))
@@ -401,7 +401,7 @@ def build(cfg: Config) -> FedAlgorithm:
             bufs = cstate.bufs if cstate.key == (ph.stage, ph.warmup) else None
         # dropout (EMNIST ConvNet) from the client's own replayable stream, not ctx.generator
         drop = torch_generator(ctx.seed, Stream.ALGORITHM, ctx.round_, ctx.client_id)
-        dropout_seed = int(torch.randint(0, 2**62, (1,), generator=drop))
+        dropout_seed = int(torch.randint(0, 2**62, (1,), generator=drop, device=drop.device))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(dropout_seed)
             res = _local.local_sgd(

@@ -202,16 +202,19 @@ def readjust(
     ``(1 − p)·N`` are taken."""
     names = list(grads)
     g2 = torch.cat([grads[n].detach().reshape(-1).double() ** 2 for n in names])  # (N,)
-    t = torch.cat([torch.full((grads[n].numel(),), times[n], dtype=torch.float64) for n in names])
+    dev = g2.device
+    t = torch.cat(
+        [torch.full((grads[n].numel(),), times[n], dtype=torch.float64, device=dev) for n in names]
+    )
     order = torch.sort(g2, descending=True, stable=True).indices
     g2s, ts = g2[order], t[order]
     before_g2 = torch.cumsum(g2s, 0) - g2s  # Σg² of the entries taken before this one
     denom = offset + torch.cumsum(ts, 0) - ts
     bar = torch.where(denom > 0, before_g2 / denom.clamp_min(1e-300), 0.0)
     floor = round((1.0 - p) * g2.numel(), 9)  # guarded: 0.7·10 = 7.000000000000001
-    ok = (g2s / ts >= bar) | (torch.arange(g2.numel(), dtype=torch.float64) <= floor)
+    ok = (g2s / ts >= bar) | (torch.arange(g2.numel(), dtype=torch.float64, device=dev) <= floor)
     kept = int(ok.numel()) if bool(ok.all()) else int((~ok).nonzero()[0])
-    flat = torch.zeros(g2.numel(), dtype=torch.bool)
+    flat = torch.zeros(g2.numel(), dtype=torch.bool, device=dev)
     flat[order[:kept]] = True
     pieces = flat.split([grads[n].numel() for n in names])
     return {n: m.reshape(grads[n].shape) for n, m in zip(names, pieces, strict=True)}
@@ -260,7 +263,7 @@ def unpack(
     for k, ref in shapes.items():
         values = decoded[W + k].reshape(-1)
         if k in masks:
-            out[k] = torch.zeros(ref.shape, dtype=values.dtype)
+            out[k] = torch.zeros(ref.shape, dtype=values.dtype, device=ref.device)
             out[k][masks[k]] = values
         else:
             out[k] = values.reshape(ref.shape).clone()
@@ -329,7 +332,13 @@ def make(cfg: Config) -> FedAlgorithm:
         with_data = [k for k, d in enumerate(train) if d.num_examples > 0]
         if not with_data:
             raise ValueError("prunefl: no client has training data for phase one")
-        cid = with_data[int(torch.randint(len(with_data), (1,), generator=ctx.generator))]
+        cid = with_data[
+            int(
+                torch.randint(
+                    len(with_data), (1,), generator=ctx.generator, device=ctx.generator.device
+                )
+            )
+        ]
         data = train[cid]
         times = state.times or entry_times(ctx.model, cfg.layer_time, data.x[0])
         if cfg.initial_rounds == 0:
@@ -367,7 +376,7 @@ def make(cfg: Config) -> FedAlgorithm:
         fresh = cstate.mask_version == state.mask_version
         entries = pack(state.params, state.masks)
         entries |= {MASK + k: Free(m) if fresh else Mask(m) for k, m in state.masks.items()}
-        entries[VERSION] = Free(torch.tensor(state.mask_version))
+        entries[VERSION] = Free(torch.tensor(state.mask_version, device="cpu"))  # (a host counter)
         return Payload(entries)
 
     def client_update(

@@ -86,8 +86,9 @@ class Sparse:
     value_bits: int = bits.FLOAT_BITS
 
     def decode(self) -> Tensor:
-        out = torch.zeros(self.shape, dtype=self.values.dtype).reshape(-1)
-        out[self.positions] = self.values
+        values = self.values
+        out = torch.zeros(self.shape, dtype=values.dtype, device=values.device).reshape(-1)
+        out[self.positions] = values
         return out.reshape(self.shape)
 
     @property

@@ -202,8 +202,8 @@ class ProgressiveNet(nn.Module):
         self.stages = stages
         self.cuts = cuts
         self.num_classes = num_classes
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        with torch.random.fork_rng(devices=[]):
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # the same heads anywhere
             torch.manual_seed(seed)
             heads = nn.ModuleList(TempHead(units[c - 1].width, num_classes) for c in cuts[:-1])
         ref = next(base.parameters(), None)

@@ -18,6 +18,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ from fedcomm.algorithms.base import ClientContext, ClientResult, FedAlgorithm, R
 from fedcomm.comm.payload import Payload
 from fedcomm.models.lstm import unrolled
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.simulation import allocator, vectorized
+from fedcomm.simulation import allocator, device, vectorized
 from fedcomm.simulation.data import FederatedTensors
 
 log = logging.getLogger("fedcomm.backend")
@@ -65,12 +66,17 @@ class Backend:
         model: nn.Module,
         data: FederatedTensors,
         local: LocalConfig,
-        chunk_size: int,
+        chunk_size: int | str,
+        *,
+        precision: str = "fp32",
     ) -> None:
         if name not in BACKENDS:
             raise ValueError(f"train.backend: {name!r} is not one of {list(BACKENDS)}")
         self.name = name
+        self.device = next(model.parameters()).device
+        self.precision = precision
         self.chunk_size = chunk_size
+        self.chunk_sizes: dict[tuple[Any, ...], int] = {}  # chunk_size auto: kept for the run
         allocator.tune()
         self.fallback: str | None = None
         if name == "vectorized":
@@ -80,13 +86,22 @@ class Backend:
                     "backend vectorized: %s runs sequentially: %s", algorithm.name, self.fallback
                 )
         self.effective = "sequential" if name == "sequential" or self.fallback else "vectorized"
-        self.threads = client_threads(model, data, local) if self.effective == "sequential" else 0
+        self.threads = (
+            client_threads(model, data, local)
+            if self.effective == "sequential" and self.device.type == "cpu"
+            else torch.get_num_threads()
+        )
 
     def turns(self, r: RoundInputs) -> Iterator[Turn]:
-        """The round's clients, in cohort order, up to their (not yet encoded) uplinks."""
+        """The round's clients, in cohort order, up to their (not yet encoded) uplinks; local
+        training under ``train.precision``'s autocast."""
+
+        def autocast() -> AbstractContextManager[None]:  # (never held across a yield)
+            return device.precision(self.device, self.precision)
+
         if self.effective == "sequential":
-            return _sequential(r, self.threads)
-        return _vectorized(r, self.chunk_size)
+            return _sequential(r, self.threads, autocast)
+        return _vectorized(r, self.chunk_size, autocast, self.chunk_sizes)
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,10 @@ class RoundInputs:
     local: LocalConfig
     seed: int
 
+    @property
+    def model_device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def start(self, cid: int) -> tuple[Any, Payload, ClientContext]:
         """Client ``cid``'s state, its downlink and its context (generator ``(seed, CLIENT,
         round, cid)``)."""
@@ -116,7 +135,10 @@ class RoundInputs:
         )
 
 
-def _sequential(r: RoundInputs, threads: int) -> Iterator[Turn]:
+Autocast = Callable[[], AbstractContextManager[None]]
+
+
+def _sequential(r: RoundInputs, threads: int, autocast: Autocast) -> Iterator[Turn]:
     """One client after the other, its local work on ``threads`` intra-op threads (see
     :func:`client_threads`); the server update and global evaluation, after the last client, run
     with the process's threads again."""
@@ -127,7 +149,9 @@ def _sequential(r: RoundInputs, threads: int) -> Iterator[Turn]:
             cstate, down, cctx = r.start(cid)
             t0 = time.perf_counter()
             decoded = down.decode()
-            result = r.algorithm.client_update(decoded, cstate, r.data.train[cid], cctx)
+            with autocast():
+                result = r.algorithm.client_update(decoded, cstate, r.data.train[cid], cctx)
+            device.synchronize(r.model_device)
             yield Turn(cid, down, decoded, cctx.generator, result, time.perf_counter() - t0)
     finally:
         torch.set_num_threads(before)
@@ -159,7 +183,9 @@ def client_threads(model: nn.Module, data: FederatedTensors, local: LocalConfig)
     return 1 if per_batch < SMALL_STEP_FLOPS else torch.get_num_threads()
 
 
-def _vectorized(r: RoundInputs, chunk_size: int) -> Iterator[Turn]:
+def _vectorized(
+    r: RoundInputs, chunk_size: int | str, autocast: Autocast, sizes: dict[tuple[Any, ...], int]
+) -> Iterator[Turn]:
     client_job = r.algorithm.client_job
     assert client_job is not None
     prepared = []
@@ -170,7 +196,11 @@ def _vectorized(r: RoundInputs, chunk_size: int) -> Iterator[Turn]:
         job = client_job(decoded, cstate, r.data.train[cid], cctx)
         prepared.append((cid, down, decoded, cctx, job, time.perf_counter() - t0))
     t0 = time.perf_counter()
-    trained = vectorized.train_jobs([p[4] for p in prepared], r.model, r.local, chunk_size)
+    with autocast():
+        trained = vectorized.train_jobs(
+            [p[4] for p in prepared], r.model, r.local, chunk_size, sizes
+        )
+    device.synchronize(r.model_device)  # (an asynchronous device's work counts in the share)
     share = (time.perf_counter() - t0) / max(1, len(prepared))
     for (cid, down, decoded, cctx, job, prep_s), res in zip(prepared, trained, strict=True):
         t0 = time.perf_counter()

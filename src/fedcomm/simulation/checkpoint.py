@@ -40,8 +40,11 @@ def save(state: RunState, path: Path) -> None:
         torch.save({"version": FORMAT_VERSION, "state": state}, tmp)
 
 
-def load(path: Path, config_hash: str) -> RunState | None:
-    """The saved state if ``path`` exists and was made by the same configuration, else None.
+def load(
+    path: Path, config_hash: str, *, map_location: torch.device | str = "cpu"
+) -> RunState | None:
+    """The saved state if ``path`` exists and was made by the same configuration, else None;
+    its tensors on ``map_location`` (a checkpoint made on a GPU resumes on the CPU too).
 
     A checkpoint is a cache: one that cannot be used (empty, truncated, corrupted, written by
     another version, or made with other params or code) is not an error. It warns once, with
@@ -50,7 +53,7 @@ def load(path: Path, config_hash: str) -> RunState | None:
     if not path.is_file():
         return None
     try:
-        blob = torch.load(path, weights_only=False)
+        blob = torch.load(path, weights_only=False, map_location=map_location)
     except Exception as err:  # empty, truncated or corrupted: any unpickling error
         why = f"is unreadable ({one_line(err)[:160]})"
     else:

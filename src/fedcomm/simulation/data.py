@@ -7,7 +7,7 @@ local training indexes its own tensors directly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -53,4 +53,19 @@ class FederatedTensors:
             global_test=take(all_test),
             num_classes=dataset.num_classes,
             input_shape=dataset.input_shape,
+        )
+
+    def to(self, device: torch.device) -> FederatedTensors:
+        """Every split on ``device`` (once per run; ``self`` when already there)."""
+        if self.global_test.x.device == device:
+            return self
+
+        def move(d: ClientData) -> ClientData:
+            return ClientData(d.x.to(device), d.y.to(device))
+
+        return replace(
+            self,
+            train=tuple(move(d) for d in self.train),
+            test=tuple(move(d) for d in self.test),
+            global_test=move(self.global_test),
         )

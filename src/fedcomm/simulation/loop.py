@@ -48,7 +48,7 @@ from fedcomm.comm.payload import Payload
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
-from fedcomm.simulation import checkpoint
+from fedcomm.simulation import checkpoint, device
 from fedcomm.simulation.backends import Backend, RoundInputs
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.types import Params
@@ -76,7 +76,9 @@ class LoopConfig:
     topk: int = 1
     checkpoint_every: int = 5
     backend: str = "sequential"  # "sequential" | "vectorized" (see simulation.backends)
-    chunk_size: int = 128  # vectorized: clients trained as one batch at most
+    chunk_size: int | str = 128  # vectorized: clients trained as one batch at most, or "auto"
+    device: str = "auto"  # train.device (see simulation.device)
+    precision: str = "fp32"  # train.precision: local training's autocast
     on_divergence: str = "stop"  # "stop" | "skip" a diverged client (see DivergenceError)
     divergence_loss: float = 1e6
 
@@ -147,11 +149,40 @@ def run(
     """Train ``algorithm`` for ``cfg.rounds`` rounds; resume from ``checkpoint_path`` if valid.
 
     ``model`` provides the structure and the initial parameters (already seeded by the caller);
-    an algorithm with ``prepare_model`` (ProgFed) wraps it first.
+    an algorithm with ``prepare_model`` (ProgFed) wraps it first. The model and ``data`` move to
+    ``cfg.device`` once, here; everything the round does happens there. The returned tensors
+    (final parameters, the state) are on that device.
     """
+    dev = device.resolve(cfg.device)
+    with device.run_on(dev):
+        return _run(
+            cfg, algorithm, model.to(dev), data.to(dev), compressor, dev,
+            config_hash=config_hash, checkpoint_path=checkpoint_path, tracker=tracker,
+            resume=resume, progress=progress,
+        )  # fmt: skip
+
+
+def _run(
+    cfg: LoopConfig,
+    algorithm: FedAlgorithm,
+    model: nn.Module,
+    data: FederatedTensors,
+    compressor: Compressor,
+    dev: torch.device,
+    *,
+    config_hash: str,
+    checkpoint_path: Path | None,
+    tracker: Tracker | None,
+    resume: bool,
+    progress: Callable[[int, Mapping[str, float | None]], None] | None,
+) -> RunResult:
     if algorithm.prepare_model is not None:
-        model = algorithm.prepare_model(model, cfg.seed)
-    state = checkpoint.load(checkpoint_path, config_hash) if (resume and checkpoint_path) else None
+        model = algorithm.prepare_model(model, cfg.seed).to(dev)
+    state = (
+        checkpoint.load(checkpoint_path, config_hash, map_location=dev)
+        if (resume and checkpoint_path)
+        else None
+    )
     resumed_from = state.round_ if state is not None else 0
     if state is None:
         init = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -172,7 +203,9 @@ def run(
     ledger = Ledger(list(state.ledger_rows))
     cum_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows)
     cum_up_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows if r[2] == "up")
-    backend = Backend(cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size)
+    backend = Backend(
+        cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size, precision=cfg.precision
+    )
 
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
         t_round = time.perf_counter()

@@ -29,16 +29,20 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from fedcomm.algorithms._jobs import (
     GradFn,
     JobResult,
     LocalJob,
+    LocalProgram,
     apply_update,
     grad_fn,
 )
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.models.lstm import unrolled
+from fedcomm.simulation import device as dev_mod
 
 log = logging.getLogger(__name__)
 
@@ -75,24 +79,94 @@ def chunks(jobs: Sequence[int], steps: Sequence[int], chunk_size: int) -> list[l
     return [order[i : i + size] for i in range(0, n, size)]
 
 
+AUTO_MEMORY_FRACTION = 0.5  # chunk_size auto: the share of the free memory a chunk may fill
+
+
 def train_jobs(
-    jobs: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig, chunk_size: int
+    jobs: Sequence[LocalJob],
+    model: nn.Module,
+    cfg: LocalConfig,
+    chunk_size: int | str,
+    sizes: dict[tuple[Any, ...], int] | None = None,
 ) -> list[JobResult]:
-    """Train every job; results in the order of ``jobs``."""
+    """Train every job; results in the order of ``jobs``. ``chunk_size="auto"`` sizes each
+    group's chunks with :func:`auto_chunk_size` once and remembers it in ``sizes`` (the
+    caller keeps it for the run, so a run's chunks do not change from round to round)."""
     results: list[JobResult | None] = [None] * len(jobs)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, job in enumerate(jobs):
         groups.setdefault(group_key(job), []).append(i)
     steps = [len(j.batches) for j in jobs]
+    sizes = {} if sizes is None else sizes
     with unrolled(model):  # LSTMs in their gate form: vmap has no rule for the fused kernel
-        for members in groups.values():
-            for chunk in chunks(members, steps, chunk_size):
+        for key, members in groups.items():
+            size = chunk_size
+            if not isinstance(size, int):
+                shape_key = key[1:]  # (the program object may change between rounds)
+                if shape_key not in sizes:
+                    sizes[shape_key] = auto_chunk_size(jobs[members[0]], model, cfg)
+                    log.info("chunk_size auto: %d clients per chunk", sizes[shape_key])
+                size = sizes[shape_key]
+            for chunk in chunks(members, steps, size):
                 for i, res in zip(
                     chunk, _train_chunk([jobs[i] for i in chunk], model, cfg), strict=True
                 ):
                     results[i] = res
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+def auto_chunk_size(
+    job: LocalJob, model: nn.Module, cfg: LocalConfig, free: int | None = None
+) -> int:
+    """Clients per chunk that fit in :data:`AUTO_MEMORY_FRACTION` of the device's free memory
+    (``free`` bytes; measured when None).
+
+    A client costs its stacked tensors (trained, frozen, optimizer state, each with a gradient
+    or update temporary: 2x) plus one step's working memory, measured as the bytes of every
+    tensor a one-client batched gradient step on a full batch creates (an upper bound on its
+    peak, as temporaries are freed during the step)."""
+    dev = next(iter(job.live.values())).device
+    free = dev_mod.free_bytes(dev) if free is None else free
+    state = sum(
+        v.numel() * v.element_size()
+        for part in (job.live, job.frozen, job.bufs)
+        for v in part.values()
+    )
+    per_client = 2 * state + step_bytes(job, model, cfg)
+    return max(1, int(AUTO_MEMORY_FRACTION * free) // max(1, per_client))
+
+
+class _Allocated(TorchDispatchMode):
+    """Counts the bytes of every tensor the operations under it return."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, Tensor):
+                self.total += t.numel() * t.element_size()
+        return out
+
+
+def step_bytes(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> int:
+    """Bytes created by one vmapped gradient step of ``job``'s model on a full batch (the
+    model's plain objective: hooks and gates add tensors of the parameters' size, which the
+    2x state term of :func:`auto_chunk_size` covers)."""
+    names = {n for n, _ in model.named_parameters()}
+    params = {k: v[None] for k, v in {**job.frozen, **job.live}.items() if k in names}
+    params.update({n: p.detach()[None] for n, p in model.named_parameters() if n not in params})
+    rows = torch.arange(min(cfg.batch_size, job.data.num_examples), device=job.data.x.device)
+    x, y = job.data.x[rows][None], job.data.y[rows][None]
+    phase = torch.func.vmap(
+        grad_fn(model, LocalProgram(), cfg, functional=True), in_dims=(0, 0, 0, 0, None)
+    )
+    with _Allocated() as counter:
+        phase(params, {}, x, y, None)
+    return counter.total
 
 
 def _stack(dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
@@ -107,18 +181,16 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
     bufs = _stack([j.bufs for j in chunk])
     n_steps = [len(j.batches) for j in chunk]
     S = max(n_steps)
-    losses = torch.full((S, C), float("nan"))
+    dev = next(iter(live.values())).device
+    losses = torch.full((S, C), float("nan"), device=dev)  # stays on the device until the end
     touched: set[str] = set()  # frozen keys some after_step hook updated
     phases: dict[bool, Callable[..., Any]] = {}  # the vmapped gradient phase, padded or not
     template: dict[str, Tensor] | None = None
-    batches = _Batches(chunk)
+    batches = _Batches(chunk, S)
     for s in range(S):
         active = [s < n for n in n_steps]
-        sizes = [len(j.batches[s]) if a else 0 for j, a in zip(chunk, active, strict=True)]
-        B = max(sizes)
-        weighted = any(b != B for b in sizes)
-        xb, yb, *rest = batches.step(s, sizes, B, weighted)
-        wb = rest[0] if rest else None
+        xb, yb, wb = batches.step(s)
+        weighted = wb is not None
         step_frozen = frozen
         if chunk[0].draws is not None:
             drawn: list[dict[str, Tensor] | None] = [
@@ -127,14 +199,15 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
             ]
             template = template or next(d for d in drawn if d is not None)
             t = template
+            stacked = _stack(  # drawn on the clients' CPU generators, moved in one copy each
+                [
+                    d if d is not None else {k: torch.zeros_like(v) for k, v in t.items()}
+                    for d in drawn
+                ]
+            )
             step_frozen = {
                 **frozen,
-                **_stack(
-                    [
-                        d if d is not None else {k: torch.zeros_like(v) for k, v in t.items()}
-                        for d in drawn
-                    ]
-                ),
+                **{k: v.to(dev, non_blocking=True) for k, v in stacked.items()},
             }
         if weighted not in phases:  # (building a vmapped function is cheap: no tracing)
             one: GradFn = grad_fn(model, program, cfg, functional=True)
@@ -142,18 +215,24 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
         phase = phases[weighted]
         grads, aux_grads, loss = phase(live, step_frozen, xb, yb, wb)
         losses[s] = loss
-        off = [i for i, a in enumerate(active) if not a]
-        if program.skip_loss is not None:
-            off = sorted(
-                # not (v < skip): a NaN loss is skipped too, as on the sequential backend
-                set(off) | {i for i, v in enumerate(loss.tolist()) if not v < program.skip_loss}
-            )
+        off = [i for i, a in enumerate(active) if not a]  # known on the host: no sync
         saved = _save(live, bufs, off)
+        # a step whose loss reaches skip_loss is undone on the device (not (v < skip): a NaN
+        # loss is skipped too, as on the sequential backend); no loss is read on the host
+        undo = ~(loss < program.skip_loss) if program.skip_loss is not None else None
+        undo_to = (
+            ({k: v.clone() for k, v in live.items()}, {k: v.clone() for k, v in bufs.items()})
+            if undo is not None
+            else None
+        )
         before = {k: v.clone() for k, v in live.items()} if program.post_reads_old else {}
         apply_update(live, bufs, grads, aux_grads, cfg, program.aux)
         if program.post_step is not None:
             post = torch.func.vmap(program.post_step, in_dims=(0, 0, 0))
             live = dict(post(live, step_frozen, before))
+        if undo is not None and undo_to is not None:
+            _undo(live, undo_to[0], undo)
+            _undo(bufs, undo_to[1], undo)
         _restore(live, bufs, saved, off)
         hooked = [
             i for i, j in enumerate(chunk) if active[i] and j.after_step and s in j.hook_steps
@@ -176,44 +255,84 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
     # per-client copies, so the chunk's stacks are freed with the chunk (memory is bounded by
     # chunk_size, not the cohort); frozen tensors no hook changed are the job's own
     out = []
+    mean_losses = _mean_losses(losses, n_steps)  # one copy to the host per chunk
     for i, (job, n) in enumerate(zip(chunk, n_steps, strict=True)):
-        mean = float(losses[:n, i].mean()) if n else float("nan")
+        mean = mean_losses[i]
         kept = {k: frozen[k][i].clone() if k in touched else v for k, v in job.frozen.items()}
         mine = {k: v[i].clone() for k, v in live.items()}
         out.append(JobResult(mine, kept, {k: v[i].clone() for k, v in bufs.items()}, mean, n))
     return out
 
 
+def _mean_losses(losses: Tensor, n_steps: Sequence[int]) -> list[float]:
+    """Each client's mean loss over its own steps (``losses (S, C)``; NaN without steps)."""
+    S = losses.shape[0]
+    taken = torch.arange(S, device=losses.device)[:, None] < torch.tensor(
+        n_steps, device=losses.device
+    )  # (S, C)
+    total = torch.where(taken, losses, torch.zeros_like(losses)).sum(0)
+    means = (total / taken.sum(0)).tolist()  # 0/0: NaN for a client without steps
+    return [float(m) for m in means]
+
+
 class _Batches:
     """Every step's batch of a chunk, gathered from the chunk's concatenated data with one
-    ``index_select`` per step (rows of client ``i`` start at ``offset[i]``)."""
+    ``index_select`` per step (rows of client ``i`` start at ``offset[i]``). Every step's row
+    indices and padding weights are built on the host once, and copied to the device in one
+    transfer, so a step does no per-client work."""
 
-    def __init__(self, chunk: Sequence[LocalJob]) -> None:
+    def __init__(self, chunk: Sequence[LocalJob], S: int) -> None:
         self.x = torch.cat([j.data.x for j in chunk])  # (Σ n_i, ...)
         self.y = torch.cat([j.data.y for j in chunk])
+        dev = self.x.device
         sizes = [j.data.num_examples for j in chunk]
-        self.offsets = [sum(sizes[:i]) for i in range(len(chunk))]
-        self.chunk = chunk
+        offsets = [sum(sizes[:i]) for i in range(len(chunk))]
+        self.C = len(chunk)
+        flats: list[Tensor] = []
+        weights: list[Tensor] = []
+        self.layout: list[tuple[int, int, int | None]] = []  # (start, B, weight row or None)
+        start = 0
+        for s in range(S):
+            counts = [len(j.batches[s]) if s < len(j.batches) else 0 for j in chunk]
+            B = max(counts)
+            parts = []
+            for j, off, n in zip(chunk, offsets, counts, strict=True):
+                idx = j.batches[s] + off if n else torch.zeros(0, dtype=torch.long, device="cpu")
+                if n < B:  # padding: any valid row, weight 0
+                    idx = torch.cat([idx, torch.zeros(B - n, dtype=torch.long, device="cpu")])
+                parts.append(idx)
+            flats.append(torch.cat(parts))
+            row: int | None = None
+            if any(n != B for n in counts):  # weighted: real rows 1/n, padding 0
+                wb = torch.zeros(self.C, B, device="cpu")
+                for i, n in enumerate(counts):
+                    if n:
+                        wb[i, :n] = 1.0 / n
+                row = sum(w.numel() for w in weights)
+                weights.append(wb.flatten())
+            self.layout.append((start, B, row))
+            start += self.C * B
+        self.flat = torch.cat(flats).to(dev)  # every step's rows, one copy
+        self.weights = torch.cat(weights).to(dev) if weights else None
 
-    def step(self, s: int, sizes: Sequence[int], B: int, weighted: bool) -> tuple[Tensor, ...]:
+    def step(self, s: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """``xb (C, B, ...)``, ``yb (C, B, ...)`` and, when padded, weights ``wb (C, B)``."""
-        parts = []
-        for j, off, n in zip(self.chunk, self.offsets, sizes, strict=True):
-            idx = j.batches[s] + off if n else torch.zeros(0, dtype=torch.long)
-            if n < B:  # padding: any valid row, weight 0
-                idx = torch.cat([idx, torch.zeros(B - n, dtype=torch.long)])
-            parts.append(idx)
-        flat = torch.cat(parts)
-        C = len(self.chunk)
+        start, B, row = self.layout[s]
+        C = self.C
+        flat = self.flat[start : start + C * B]
         xb = self.x.index_select(0, flat).view(C, B, *self.x.shape[1:])
         yb = self.y.index_select(0, flat).view(C, B, *self.y.shape[1:])
-        if not weighted:
-            return xb, yb
-        wb = torch.zeros(C, B)
-        for i, n in enumerate(sizes):
-            if n:
-                wb[i, :n] = 1.0 / n
-        return xb, yb, wb
+        if row is None:
+            return xb, yb, None
+        assert self.weights is not None
+        return xb, yb, self.weights[row : row + C * B].view(C, B)
+
+
+@torch.no_grad()
+def _undo(tensors: dict[str, Tensor], kept: Mapping[str, Tensor], undo: Tensor) -> None:
+    """Put back the stacked tensors of the clients flagged in ``undo (C,)``, on the device."""
+    for k, v in tensors.items():
+        v.copy_(torch.where(undo.view(-1, *([1] * (v.dim() - 1))), kept[k], v))
 
 
 def _save(
@@ -221,7 +340,7 @@ def _save(
 ) -> dict[str, Tensor]:
     if not off:
         return {}
-    idx = torch.tensor(off)
+    idx = torch.tensor(off, device=next(iter(live.values())).device)
     return {
         **{f"live/{k}": v.index_select(0, idx) for k, v in live.items()},
         **{f"bufs/{k}": v.index_select(0, idx) for k, v in bufs.items()},
@@ -237,7 +356,7 @@ def _restore(
 ) -> None:
     if not off:
         return
-    idx = torch.tensor(off)
+    idx = torch.tensor(off, device=next(iter(live.values())).device)
     for k, v in live.items():
         v.index_copy_(0, idx, saved[f"live/{k}"])
     for k, v in bufs.items():

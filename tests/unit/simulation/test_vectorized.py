@@ -70,12 +70,34 @@ def test_batches_pad_short_clients_with_zero_weight() -> None:
             lambda r: None,  # type: ignore[arg-type, return-value]
         )
 
-    chunk = [job(3, [torch.tensor([2, 0, 1])]), job(2, [torch.tensor([1])])]
-    xb, yb, wb = vectorized._Batches(chunk).step(0, [3, 1], 3, True)
+    chunk = [
+        job(3, [torch.tensor([2, 0, 1]), torch.tensor([0, 1])]),
+        job(2, [torch.tensor([1])]),  # one step: a no-op (all padding) at step 1
+    ]
+    batches = vectorized._Batches(chunk, 2)
+    xb, yb, wb = batches.step(0)
     assert xb.shape == (2, 3, 1) and yb.shape == (2, 3)
     assert xb[0, :, 0].tolist() == [302, 300, 301]
     assert xb[1, 0, 0].item() == 201  # the second client's own row 1
+    assert wb is not None
     torch.testing.assert_close(wb, torch.tensor([[1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0]]))
+    xb, _, wb = batches.step(1)
+    assert xb.shape == (2, 2, 1) and xb[0, :, 0].tolist() == [300, 301]
+    assert wb is not None
+    torch.testing.assert_close(wb, torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
+
+
+def test_batches_of_equal_clients_are_unweighted() -> None:
+    data = ClientData(torch.arange(4, dtype=torch.float32).reshape(4, 1), torch.zeros(4))
+    jobs = [
+        _jobs.new_job(
+            _jobs.LocalProgram(), {}, data, _local.LocalConfig(), [torch.tensor([3, 1])],
+            lambda r: None,  # type: ignore[arg-type, return-value]
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    xb, _, wb = vectorized._Batches(jobs, 1).step(0)
+    assert wb is None and xb[:, :, 0].tolist() == [[3, 1], [3, 1]]  # each its own rows
 
 
 class _Dropout(nn.Module):

@@ -90,7 +90,7 @@ def store_residual(
         return kept
     old = residuals.get(name)
     full = (
-        torch.zeros(mask.shape, dtype=kept.dtype)
+        torch.zeros(mask.shape, dtype=kept.dtype, device=kept.device)
         if old is None or old.shape != mask.shape
         else old.clone()
     )

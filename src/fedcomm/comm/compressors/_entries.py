@@ -36,7 +36,7 @@ class Ternary:
     index_bits: int | None = 64
 
     def decode(self) -> Tensor:
-        out = torch.zeros(_numel(self.shape), dtype=self.mu.dtype)
+        out = torch.zeros(_numel(self.shape), dtype=self.mu.dtype, device=self.mu.device)
         out[self.positions] = torch.where(self.signs, self.mu, -self.mu)
         return out.reshape(self.shape)
 
@@ -64,7 +64,7 @@ class Signs:
     dtype: torch.dtype = torch.float32
 
     def decode(self) -> Tensor:
-        one = torch.ones((), dtype=self.dtype)
+        one = torch.ones((), dtype=self.dtype, device=self.signs.device)
         out = torch.where(self.signs, one, -one)
         return out if self.scale is None else out * self.scale.to(self.dtype)
 
@@ -134,11 +134,14 @@ class LinearQuantized:
         return bits.dense(_numel(self.shape))
 
 
-def bernoulli_mask(seed: int, keep: float, numel: int) -> Tensor:
-    """A flat bool mask, each entry kept with probability ``keep``, from
-    ``torch.Generator().manual_seed(seed)`` (the sender and the receiver draw the same one)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(numel, generator=g, dtype=torch.float64) < keep
+def bernoulli_mask(
+    seed: int, keep: float, numel: int, device: torch.device | str = "cpu"
+) -> Tensor:
+    """A flat bool mask on ``device``, each entry kept with probability ``keep``, from
+    ``torch.Generator().manual_seed(seed)`` (the sender and the receiver draw the same one; it is
+    drawn on the CPU whatever ``device``, so it does not depend on the device)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.rand(numel, generator=g, dtype=torch.float64, device="cpu") < keep).to(device)
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,9 @@ class SeededSparse:
 
     def decode(self) -> Tensor:
         numel = _numel(self.shape)
-        out = torch.zeros(numel, dtype=self.dtype)
-        out[bernoulli_mask(self.seed, self.keep, numel)] = self.values.decode().to(self.dtype)
+        values = self.values.decode().to(self.dtype)
+        out = torch.zeros(numel, dtype=self.dtype, device=values.device)
+        out[bernoulli_mask(self.seed, self.keep, numel, values.device)] = values
         return out.reshape(self.shape)
 
     def nbits(self) -> BitCount:

@@ -50,7 +50,7 @@ def check_options(bits: int, rotation: str) -> None:
 
 def draw_seed(generator: torch.Generator) -> int:
     """A 31-bit seed from ``generator`` (sent as a 32-bit scalar)."""
-    return int(torch.randint(0, SEED_HIGH, (1,), generator=generator))
+    return int(torch.randint(0, SEED_HIGH, (1,), generator=generator, device=generator.device))
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -109,15 +109,17 @@ def truncated_solve(z: Tensor) -> Tensor:
     return torch.cat((x1, x2))
 
 
-def truncated_hadamard(n1: int) -> Tensor:
+def truncated_hadamard(n1: int, device: torch.device | str = "cpu") -> Tensor:
     """The dense ``n1 × n1`` truncated Sylvester Hadamard matrix (float64; a reference)."""
-    return truncated_apply(torch.eye(n1, dtype=torch.float64))
+    return truncated_apply(torch.eye(n1, dtype=torch.float64, device=device))
 
 
-def sign_flips(seed: int, shape: tuple[int, ...]) -> Tensor:
-    """``D``'s signs, bool (``True`` = +1), drawn from ``torch.Generator().manual_seed(seed)``."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 2, shape, generator=g, dtype=torch.uint8).bool()
+def sign_flips(seed: int, shape: tuple[int, ...], device: torch.device | str = "cpu") -> Tensor:
+    """``D``'s signs on ``device``, bool (``True`` = +1), drawn on the CPU (so the same whatever
+    ``device``) from ``torch.Generator().manual_seed(seed)``."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    signs = torch.randint(0, 2, shape, generator=g, dtype=torch.uint8, device="cpu").bool()
+    return signs.to(device)
 
 
 def _flip(y: Tensor, signs: Tensor) -> Tensor:
@@ -135,7 +137,7 @@ def rotate(x: Tensor, rotation: Rotation, seed: int | None) -> Tensor:
     else:
         rows = padded_rows(x.shape[0])
         y = fwht(_pad_rows(x, rows)) / math.sqrt(rows)
-    return _flip(y, sign_flips(seed, tuple(y.shape)))
+    return _flip(y, sign_flips(seed, tuple(y.shape), y.device))
 
 
 def unrotate(y: Tensor, rotation: Rotation, seed: int | None, n1: int) -> Tensor:
@@ -144,7 +146,7 @@ def unrotate(y: Tensor, rotation: Rotation, seed: int | None, n1: int) -> Tensor
     if rotation == "none":
         return y
     assert seed is not None
-    z = _flip(y, sign_flips(seed, tuple(y.shape)))
+    z = _flip(y, sign_flips(seed, tuple(y.shape), y.device))
     if rotation == "truncated":
         return truncated_solve(z)
     return (fwht(z) / math.sqrt(z.shape[0]))[:n1]  # H_N/√N is its own inverse
@@ -162,16 +164,18 @@ def quantize_levels(
     """
     y32 = y.to(torch.float32)
     if y32.numel() == 0:
-        zero = torch.zeros((), dtype=torch.float32)
-        return torch.zeros(y.shape, dtype=torch.uint8), zero, zero.clone()
+        zero = torch.zeros((), dtype=torch.float32, device=y.device)
+        return torch.zeros(y.shape, dtype=torch.uint8, device=y.device), zero, zero.clone()
     v_min, v_max = y32.min(), y32.max()
     span = float(v_max) - float(v_min)
     top = 2**bits - 1
     if span == 0.0:
-        return torch.zeros(y.shape, dtype=torch.uint8), v_min, v_max
+        return torch.zeros(y.shape, dtype=torch.uint8, device=y.device), v_min, v_max
     u = ((y32.to(torch.float64) - float(v_min)) * (top / span)).clamp_(0, top)
     up = torch.ceil(u)
-    xi = torch.rand(u.shape, generator=generator, dtype=torch.float64)
+    # drawn on the generator's device (CPU), so the draws do not depend on y's device
+    xi = torch.rand(u.shape, generator=generator, dtype=torch.float64, device=generator.device)
+    xi = xi.to(u.device)
     q = (up - (xi < up - u).to(torch.float64)).clamp_(0, top)
     return q.to(torch.uint8), v_min, v_max
 

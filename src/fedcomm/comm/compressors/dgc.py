@@ -106,10 +106,12 @@ def dgc(
         }
         if scope == "tensor":
             pos = {n: top_k_positions(a, keep_count(d, a.numel())) for n, a in acc.items()}
-        else:
-            flat = torch.cat(list(acc.values())) if acc else torch.zeros(0)
+        elif acc:
+            flat = torch.cat(list(acc.values()))
             top = top_k_positions(flat, keep_count(d, flat.numel()))  # (k,) over all entries
             pos = _split_positions(top, {n: a.numel() for n, a in acc.items()})
+        else:
+            pos = {}  # no update entry to compress
         out: dict[str, Entry] = {}
         for name, entry in payload.items():
             if name not in acc:

@@ -29,10 +29,12 @@ def quantize(x: Tensor, s: int, generator: torch.Generator) -> Quantized:
     """QSGD's unbiased stochastic quantisation of ``x`` onto ``s`` levels of ``‖x‖₂ / s``."""
     norm = torch.linalg.vector_norm(x)  # ()
     if float(norm) == 0.0:
-        return Quantized(torch.zeros(x.shape, dtype=torch.int32), norm, s)
+        return Quantized(torch.zeros(x.shape, dtype=torch.int32, device=x.device), norm, s)
     r = x.abs() / norm * s  # in [0, s]
     low = torch.floor(r)
-    u = torch.rand(x.shape, generator=generator, dtype=x.dtype)
+    # drawn on the generator's device (CPU), so the draws do not depend on x's device
+    u = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=generator.device)
+    u = u.to(x.device)
     xi = (low + (u < r - low).to(x.dtype)).clamp_(0, s)
     return Quantized((torch.sign(x) * xi).to(torch.int32), norm, s)
 

@@ -42,7 +42,7 @@ def majority_vote(payloads: Sequence[Payload]) -> list[dict[str, Tensor]]:
         if len(signs) != len(entries) or len({e.signs.shape for e in signs}) != 1:
             raise ValueError(f"signsgd: entry {name!r} is not a same-shape sign vector everywhere")
         votes = sum(e.signs.to(torch.int32) * 2 - 1 for e in signs)  # Σ_k ±1, int32
-        vote = torch.sign(torch.as_tensor(votes)).to(signs[0].dtype)
+        vote = torch.sign(torch.as_tensor(votes, device=signs[0].signs.device)).to(signs[0].dtype)
         scales = [e.scale for e in signs if e.scale is not None]
         if scales:
             vote = vote * torch.stack(scales).mean().to(vote.dtype)
@@ -59,7 +59,9 @@ def signsgd(scale: bool = False) -> Compressor:
         payload: Payload, state: None, generator: torch.Generator, round_: int
     ) -> tuple[Payload, None]:
         def one(name: str, values: Tensor) -> Signs:
-            coin = torch.rand(values.shape, generator=generator) < 0.5  # used where Δ_i = 0
+            # used where Δ_i = 0; drawn on the generator's device (CPU), then moved
+            coin = torch.rand(values.shape, generator=generator, device=generator.device) < 0.5
+            coin = coin.to(values.device)
             positive = torch.where(values == 0, coin, values > 0)
             s = values.abs().mean() if scale and values.numel() else None
             return Signs(positive, s, values.dtype)  # numel bits (+32)

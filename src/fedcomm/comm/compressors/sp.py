@@ -45,7 +45,7 @@ def sparsify(
 ) -> SeededSparse:
     """SP-``keep`` of ``x``: the seed, then the kept values ``/ keep`` (fp32, or LQ-``bits``)."""
     seed = _lq.draw_seed(generator)
-    mask = bernoulli_mask(seed, keep, x.numel())
+    mask = bernoulli_mask(seed, keep, x.numel(), x.device)
     kept = x.detach().reshape(-1)[mask] / keep  # (nnz,)
     values: Dense | LinearQuantized = Dense(kept.to(torch.float32))
     if bits is not None and kept.numel() > 0:

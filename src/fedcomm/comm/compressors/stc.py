@@ -54,7 +54,11 @@ def stc(density: float = 1 / 400, index_bits: int = 64) -> Compressor:
             a = accumulate(state, name, values, masks.get(name))  # (N,)
             pos = top_k_positions(a, keep_count(density, a.numel()))  # (k,)
             kept = a[pos]
-            mu = kept.abs().mean() if pos.numel() else torch.zeros((), dtype=a.dtype)
+            mu = (
+                kept.abs().mean()
+                if pos.numel()
+                else torch.zeros((), dtype=a.dtype, device=a.device)
+            )
             entry = Ternary(pos, kept > 0, mu, tuple(values.shape), index_bits)
             new_state[name] = store_residual(
                 state, name, a - entry.decode().reshape(-1), masks.get(name)
