@@ -27,8 +27,14 @@ The FLOP lower bound of a round is (3 x forward FLOPs x training samples + forwa
 samples) / the best matmul throughput measured in the same run (forward + backward ~ 3 x forward;
 forward FLOPs counted by ``torch.utils.flop_counter`` on the real model).
 
+``--device cuda`` (or ``cuda:N``, ``mps``) runs every runner there: the library with
+``train.device``, the plain loop with its model on the device and each batch moved there (as
+research code does); timings wait for the device (``synchronize``), and each repeat reports its
+peak device memory. The FLOP bound then uses the device's own matmul throughput.
+
     python benchmarks/backends.py [--workloads W1 W2] [--runners vectorized sequential plain ...]
-                                  [--rounds N] [--repeats 3] [--threads N] [--json out.json]
+                                  [--rounds N] [--repeats 3] [--threads N] [--device cpu]
+                                  [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import math
 import os
 import platform
 import resource
@@ -65,10 +72,11 @@ from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.data.types import Dataset
 from fedcomm.models import build_model
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.simulation import allocator, loop
+from fedcomm.simulation import allocator, device, loop
 from fedcomm.simulation.data import FederatedTensors
 
 REPO = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +124,7 @@ RUNNERS = {
     "vectorized": Runner("library", "vectorized"),
     "sequential": Runner("library", "sequential"),
     "plain": Runner("plain"),
+    "minimal": Runner("minimal"),
     "plain-no-malloc-tuning": Runner("plain", env=NO_TUNING),
     "vectorized-fedsparse": Runner("library", "vectorized", "fedsparse"),
     "vectorized-fedbiad": Runner("library", "vectorized", "fedbiad"),
@@ -124,9 +133,9 @@ RUNNERS = {
     "sequential-no-malloc-tuning": Runner("library", "sequential", env=NO_TUNING),
 }
 DEFAULT_RUNNERS = {
-    "W1": list(RUNNERS),
+    "W1": list(RUNNERS),  # (minimal runs on equal-sized clients only: W1, W3)
     "W2": ["vectorized", "sequential", "plain"],
-    "W3": ["vectorized", "sequential", "plain"],
+    "W3": ["vectorized", "sequential", "plain", "minimal"],
 }
 
 
@@ -172,9 +181,12 @@ def run_library(
     seed: int,
     backend: str = "sequential",
     algorithm_name: str = "fedavg",
+    dev: torch.device = CPU,
 ) -> tuple[list[float], float]:
     local = LocalConfig(epochs=1, batch_size=wl.batch, lr=wl.lr)
-    cfg = loop.LoopConfig(rounds, wl.per_round, local, seed, eval_every=1, backend=backend)
+    cfg = loop.LoopConfig(
+        rounds, wl.per_round, local, seed, eval_every=1, backend=backend, device=str(dev)
+    )
     config = CONFIGS[algorithm_name]().with_rounds(rounds)  # the algorithm's defaults
     algorithm, compressor = build_algorithm(config), build_compressor("none")
     stamps: list[float] = []
@@ -186,16 +198,23 @@ def run_library(
         data,
         compressor,
         config_hash="bench",
-        progress=lambda r, m: stamps.append(time.perf_counter()),
+        progress=lambda r, m: (device.synchronize(dev), stamps.append(time.perf_counter())),
     )
     round_s = [b - a for a, b in zip([t0, *stamps[:-1]], stamps, strict=True)]
     return round_s, float(result.state.round_rows[-1]["global/accuracy"])
 
 
 def run_plain(
-    wl: Workload, data: FederatedTensors, model: torch.nn.Module, rounds: int, seed: int
+    wl: Workload,
+    data: FederatedTensors,
+    model: torch.nn.Module,
+    rounds: int,
+    seed: int,
+    dev: torch.device = CPU,
 ) -> tuple[list[float], float]:
-    """A typical research-code FedAvg loop (same cohorts as the library)."""
+    """A typical research-code FedAvg loop (same cohorts as the library); on an accelerator the
+    model lives there and every batch is moved there, the data staying in host memory."""
+    model.to(dev)
     gen = torch.Generator().manual_seed(seed)
     round_s: list[float] = []
     acc = 0.0
@@ -212,6 +231,7 @@ def run_plain(
                 TensorDataset(d.x, d.y), batch_size=wl.batch, shuffle=True, generator=gen
             )
             for xb, yb in loader:
+                xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
                 opt.zero_grad()
                 F.cross_entropy(local(xb), yb).backward()
                 opt.step()
@@ -228,51 +248,150 @@ def run_plain(
         test = data.global_test
         with torch.no_grad():
             for xb, yb in DataLoader(TensorDataset(test.x, test.y), batch_size=1000):
+                xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
                 correct += int((model(xb).argmax(1) == yb).sum())
         acc = correct / test.num_examples
         round_s.append(time.perf_counter() - t0)
     return round_s, acc
 
 
+def run_minimal(
+    wl: Workload,
+    data: FederatedTensors,
+    model: torch.nn.Module,
+    rounds: int,
+    seed: int,
+    dev: torch.device = CPU,
+) -> tuple[list[float], float]:
+    """The least a batched FedAvg round can do: the cohort's weights stacked, every local step one
+    ``vmap(grad(functional_call))`` and one fused SGD update of the stacked tensors, the mean of
+    the stacked results, then the test-set evaluation. Same cohorts as the library; needs
+    clients of equal size (every client has the same steps); batches shuffled per client."""
+    model.to(dev)
+    data = data.to(dev)
+    names = [n for n, _ in model.named_parameters()]
+    glob = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(torch.func.functional_call(model, params, (x,)), y)
+
+    step = torch.func.vmap(torch.func.grad(loss))
+    gen = torch.Generator().manual_seed(seed)
+    round_s: list[float] = []
+    acc = 0.0
+    for r in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        cohort = loop.sample_cohort(seed, r, data.num_clients, wl.per_round)
+        C = len(cohort)
+        n = data.train[cohort[0]].num_examples
+        if any(data.train[c].num_examples != n for c in cohort):
+            raise SystemExit("the minimal runner needs clients of equal size")
+        x = torch.stack([data.train[c].x for c in cohort])  # (C, n, ...)
+        y = torch.stack([data.train[c].y for c in cohort])  # (C, n)
+        order = torch.stack([torch.randperm(n, generator=gen) for _ in cohort]).to(dev)  # (C, n)
+        live = {k: v.unsqueeze(0).repeat(C, *[1] * v.dim()) for k, v in glob.items()}
+        for i in range(0, n, wl.batch):  # the last batch partial, as in the library
+            idx = order[:, i : i + wl.batch]  # (C, B)
+            xb = torch.gather(
+                x, 1, idx.view(C, -1, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:])
+            )
+            yb = torch.gather(y, 1, idx)
+            grads = step(live, xb, yb)
+            torch._foreach_add_([live[k] for k in names], [grads[k] for k in names], alpha=-wl.lr)
+        glob = {k: v.mean(0) for k, v in live.items()}  # equal sizes: the weighted mean
+        test = data.global_test
+        correct = 0
+        with torch.no_grad():
+            for j in range(0, test.num_examples, 2048):
+                out = torch.func.functional_call(model, glob, (test.x[j : j + 2048],))
+                correct += int((out.argmax(1) == test.y[j : j + 2048]).sum())
+        acc = correct / test.num_examples
+        device.synchronize(dev)
+        round_s.append(time.perf_counter() - t0)
+    return round_s, acc
+
+
 def forward_flops(model: torch.nn.Module, shape: tuple[int, ...] = (1, 28, 28)) -> int:
     """FLOPs of one forward pass of one sample of ``shape`` (counted, not estimated)."""
+    ref = next(model.parameters())
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(torch.zeros(1, *shape))
+        model(torch.zeros(1, *shape, device=ref.device))
     return int(counter.get_total_flops())
 
 
-def matmul_gflops(repeats: int = 5) -> float:
-    """The best fp32 matmul throughput of this process (GFLOP/s), large square and batched."""
+def matmul_gflops(repeats: int = 5, dev: torch.device = CPU) -> float:
+    """The best fp32 matmul throughput of this process (GFLOP/s) on ``dev``, large square and
+    batched."""
     best = 0.0
     shapes = [((2048, 2048), (2048, 2048)), ((100, 64, 784), (100, 784, 128))]
     for a_shape, b_shape in shapes:
-        a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+        a, b = torch.randn(*a_shape, device=dev), torch.randn(*b_shape, device=dev)
         flops = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
         torch.matmul(a, b)  # warm-up
+        device.synchronize(dev)
         for _ in range(repeats):
             t0 = time.perf_counter()
             torch.matmul(a, b)
+            device.synchronize(dev)
             best = max(best, flops / (time.perf_counter() - t0) / 1e9)
     return best
 
 
-def worker(name: str, runner_name: str, rounds: int, data_root: str, seed: int) -> dict[str, Any]:
+def stream_gbps(dev: torch.device = CPU, repeats: int = 5, numel: int = 1 << 26) -> float:
+    """The best memory bandwidth of ``c = a + b`` on 256 MiB float32 tensors (GB/s; 3 x 256 MiB
+    moved per call: two reads and a write), STREAM's "add" kernel on this process's threads."""
+    a, b = torch.ones(numel, device=dev), torch.ones(numel, device=dev)
+    c = torch.empty(numel, device=dev)
+    torch.add(a, b, out=c)  # first touch
+    device.synchronize(dev)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.add(a, b, out=c)
+        device.synchronize(dev)
+        best = max(best, 3 * 4 * numel / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def round_traffic_bytes(wl: Workload, model: torch.nn.Module, test_examples: int) -> int:
+    """A lower bound on the DRAM traffic of one FedAvg round (bytes), for the roofline: every
+    local step of every client must read its weights (forward), write its weight gradient
+    (backward), and read both and write the weights (SGD update): 4 weight-sized passes, each of
+    the cohort's own copy (they differ after the first step, and a 100-client chunk of the MLP is
+    40 MB per pass, beyond the caches); plus its input batch read once. The evaluation reads the
+    test set once. Activations of a small batch are assumed to stay in cache (not counted)."""
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    n = wl.n_train // wl.clients  # examples per client (IID, equal)
+    steps = -(-n // wl.batch)
+    input_bytes = 4 * math.prod(wl.shape)  # one float32 example
+    per_client = steps * 4 * param_bytes + n * input_bytes
+    return wl.per_round * per_client + test_examples * input_bytes + param_bytes
+
+
+def worker(
+    name: str, runner_name: str, rounds: int, data_root: str, seed: int, device_name: str = "cpu"
+) -> dict[str, Any]:
     """One repeat of (workload, runner) in this process: start-up, the rounds, the FLOP count
-    and this process's matmul throughput and peak RSS."""
+    and this process's matmul throughput, peak RSS and peak device memory."""
     wl, runner = WORKLOADS[name], RUNNERS[runner_name]
+    dev = device.resolve(device_name)
     t0 = time.perf_counter()
     data, model, source = start_up(wl, data_root, seed)
     startup = time.perf_counter() - t0
-    if runner.kind == "plain":
+    if runner.kind in ("plain", "minimal"):
         # the process-wide malloc setting the library's backends apply (a research loop can set
         # it too: MALLOC_MMAP_THRESHOLD_); without it its speed jumped between runs (docs/speed.md)
         allocator.tune()
-        round_s, acc = run_plain(wl, data, model, rounds, seed)
+        plain = run_plain if runner.kind == "plain" else run_minimal
+        round_s, acc = plain(wl, data, model, rounds, seed, dev)
     else:
-        round_s, acc = run_library(wl, data, model, rounds, seed, runner.backend, runner.algorithm)
+        round_s, acc = run_library(
+            wl, data, model, rounds, seed, runner.backend, runner.algorithm, dev
+        )
     fwd = forward_flops(model, wl.shape)
     train_samples = wl.n_train // wl.clients * wl.per_round
     round_flops = 3 * fwd * train_samples + fwd * data.global_test.num_examples
+    traffic = round_traffic_bytes(wl, model, data.global_test.num_examples)
     return {
         "data": source,
         "startup_s": startup,
@@ -281,9 +400,22 @@ def worker(name: str, runner_name: str, rounds: int, data_root: str, seed: int) 
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "forward_flops": fwd,
         "round_gflop": round_flops / 1e9,
-        "matmul_gflops": matmul_gflops(),
+        "round_traffic_gb": traffic / 1e9,
+        "stream_gbps": stream_gbps(dev),
+        "matmul_gflops": matmul_gflops(dev=dev),
         "threads": torch.get_num_threads(),
+        "device": device_label(dev),
+        "peak_device_mib": torch.cuda.max_memory_allocated(dev) / 2**20
+        if dev.type == "cuda"
+        else None,
     }
+
+
+def device_label(dev: torch.device) -> str:
+    """The device's name as a reader knows it (the GPU's model for CUDA)."""
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    return str(dev)
 
 
 def summarize(name: str, runner_name: str, reps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -301,9 +433,13 @@ def summarize(name: str, runner_name: str, reps: list[dict[str, Any]]) -> dict[s
         "round1_s_median": statistics.median(rep["round_s"][0] for rep in reps),
         "startup_s": statistics.median(rep["startup_s"] for rep in reps),
         "peak_rss_mib": max(rep["peak_rss_mib"] for rep in reps),
+        "device": last.get("device", "cpu"),
+        "peak_device_mib": max((rep.get("peak_device_mib") or 0.0) for rep in reps) or None,
         "final_accuracy": last["final_accuracy"],
         "forward_flops": last["forward_flops"],
         "round_gflop": last["round_gflop"],
+        "round_traffic_gb": last["round_traffic_gb"],
+        "stream_gbps": max(rep["stream_gbps"] for rep in reps),
         "matmul_gflops": max(rep["matmul_gflops"] for rep in reps),
         "threads": last["threads"],
         "env": dict(runner.env),
@@ -325,6 +461,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="processes per (workload, runner)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda, cuda:N or mps: where every runner trains (default cpu)",
+    )
     root = os.environ.get(DATA_ROOT_ENV) or str(REPO.parent / "shared" / "data")
     p.add_argument("--data-root", default=root)
     p.add_argument("--json", type=Path, default=None)
@@ -335,9 +476,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.worker:  # one repeat of one (workload, runner) in this process: its own peak RSS
         rounds = args.rounds or WORKLOADS[args.worker[0]].rounds
-        result = worker(*args.worker, rounds, args.data_root, args.seed)
+        result = worker(*args.worker, rounds, args.data_root, args.seed, args.device)
         args.out.write_text(json.dumps(result))
         return
+    device.resolve(args.device)  # a device this machine lacks: the error now, not per worker
     results: list[dict[str, Any]] = []
     for name in args.workloads:
         rounds = args.rounds or WORKLOADS[name].rounds
@@ -348,7 +490,7 @@ def main() -> None:
                 with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
                     cmd = [sys.executable, __file__, "--worker", name, runner, "--out", tmp.name]
                     cmd += ["--rounds", str(rounds), "--seed", str(args.seed)]
-                    cmd += ["--data-root", args.data_root]
+                    cmd += ["--data-root", args.data_root, "--device", args.device]
                     if args.threads:
                         cmd += ["--threads", str(args.threads)]
                     env = {**os.environ, **dict(RUNNERS[runner].env)}
@@ -376,11 +518,14 @@ def report(results: list[dict[str, Any]]) -> None:
         "round 1 s",
         "start-up s",
         "peak RSS MiB",
+        "peak device MiB",
         "final acc",
         "x FLOP bound",
+        "x memory bound",
         "plain / this",
         "sequential / this",
         "this / vectorized FedAvg",
+        "this / minimal",
     ):
         table.add_column(col, justify="right")
     by = {(r["workload"], r["runner"]): r["round_s_median"] for r in results}
@@ -392,6 +537,12 @@ def report(results: list[dict[str, Any]]) -> None:
     }
     for r in results:
         r["bound_s"] = r["round_gflop"] / best[r["workload"]]  # GFLOP / (GFLOP/s)
+    bandwidth = {
+        wl: max(r["stream_gbps"] for r in results if r["workload"] == wl)
+        for wl in {r["workload"] for r in results}
+    }
+    for r in results:
+        r["memory_bound_s"] = r["round_traffic_gb"] / bandwidth[r["workload"]]  # GB / (GB/s)
     for r in results:
         wl, t = r["workload"], r["round_s_median"]
 
@@ -405,11 +556,14 @@ def report(results: list[dict[str, Any]]) -> None:
             f"{r['round1_s_median']:.3f}",
             f"{r['startup_s']:.2f}",
             f"{r['peak_rss_mib']:.0f}",
+            "-" if r.get("peak_device_mib") is None else f"{r['peak_device_mib']:.0f}",
             f"{100 * r['final_accuracy']:.2f}%",
             f"{t / r['bound_s']:.2f}x",
+            f"{t / r['memory_bound_s']:.2f}x",
             ratio(by.get((wl, "plain")), t),
             ratio(by.get((wl, "sequential")), t),
             ratio(t, by.get((wl, "vectorized"))),
+            ratio(t, by.get((wl, "minimal"))),
         )
     console = Console(width=max(Console().width, 160))
     console.print(table)
@@ -418,10 +572,14 @@ def report(results: list[dict[str, Any]]) -> None:
         console.print(
             f"{name}: {r['forward_flops']:,} forward FLOPs/sample, {r['round_gflop']:.2f} GFLOP "
             f"per round, best matmul {best[name]:.1f} GFLOP/s -> bound "
-            f"{r['bound_s']:.4f} s/round ({r['threads']} threads)"
+            f"{r['bound_s']:.4f} s/round ({r['threads']} threads); "
+            f"{r['round_traffic_gb']:.3f} GB of least memory traffic per round at "
+            f"{bandwidth[name]:.1f} GB/s (best c = a + b) -> bound {r['memory_bound_s']:.4f} "
+            f"s/round; roofline bound max = {max(r['bound_s'], r['memory_bound_s']):.4f} s/round"
         )
     console.print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"device {results[0].get('device', 'cpu') if results else 'cpu'}, "
         f"torch {torch.__version__}, Python {platform.python_version()}"
     )
 
