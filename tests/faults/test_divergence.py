@@ -57,6 +57,12 @@ def test_the_rule_by_hand() -> None:
     assert "limit 1e+06" in str(loop.diverged(2e6, ok, 1e6))
     bad = {"w": torch.tensor([1.0, math.inf]), "n": torch.tensor([1, 2])}
     assert "update of w" in str(loop.diverged(0.5, bad, 1e6))
+    # NaN anywhere, the first bad tensor named; huge but finite values and empty tensors are fine
+    nan = {"a": torch.zeros(0), "b": torch.ones(4), "c": torch.tensor([2.0, math.nan, -math.inf])}
+    assert "update of c" in str(loop.diverged(0.5, nan, 1e6))
+    big = {"a": torch.full((3,), 3e38), "b": torch.full((2,), -3e38, dtype=torch.float64)}
+    assert loop.diverged(0.5, big, 1e6) is None
+    assert loop.diverged(0.5, {"a": torch.zeros(0), "n": torch.tensor([5])}, 1e6) is None
 
 
 @pytest.mark.parametrize("backend", ["sequential", "vectorized"])

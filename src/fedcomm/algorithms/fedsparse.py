@@ -173,11 +173,16 @@ def make(cfg: Config) -> FedAlgorithm:
         w = {k: t.detach().clone() for k, t in params.items()}
         return ServerState(w, v, alive, w_opt.init(w), v_opt.init(v), specs)
 
+    sent: dict[str, Any] = {}  # the downlink of the current server state (the same for everyone)
+
     def broadcast(state: ServerState, client_id: int, cstate: Any, ctx: RoundContext) -> Payload:
-        entries = encode_groups(state.params, state.specs, state.alive, send_masks=True)
-        for s in state.specs:  # v of the surviving groups only
-            entries[f"v/{s.name}"] = Dense(state.v[s.name][state.alive[s.name]])
-        return Payload(entries)
+        if sent.get("state") is not state:  # encoded once per server state, not per client
+            entries = encode_groups(state.params, state.specs, state.alive, send_masks=True)
+            for s in state.specs:  # v of the surviving groups only
+                entries[f"v/{s.name}"] = Dense(state.v[s.name][state.alive[s.name]])
+            sent.update(state=state, payload=Payload(entries))
+        payload: Payload = sent["payload"]
+        return payload
 
     programs: dict[tuple[int, bool], tuple[torch.nn.Module, _jobs.LocalProgram]] = {}
     structures: dict[int, tuple[torch.nn.Module, tuple[GroupSpec, ...], Params]] = {}
@@ -254,9 +259,18 @@ def make(cfg: Config) -> FedAlgorithm:
         programs[(id(model), pruned)] = (model, program)
         return program
 
-    def client_job(
-        down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
-    ) -> _jobs.LocalJob:
+    decoded: dict[str, Any] = {}  # what every client makes of the same downlink, made once
+
+    def received(down: Mapping[str, Tensor], ctx: ClientContext) -> tuple[Any, ...]:
+        """A client's view of the downlink: the specs, alive masks, ``w``, ``v``, ``θ`` (held
+        constant during the round), the step's frozen tensors and the program. Every client of
+        a round decodes the same payload into the same tensors, so this is computed for the
+        first and reused (keyed by the decoded tensors' identity and the round)."""
+        key = (ctx.round_, id(ctx.model), tuple(id(t) for t in down.values()))
+        if decoded.get("key") == key and all(
+            a is b for a, b in zip(decoded["down"], down.values(), strict=True)
+        ):
+            return tuple(decoded["value"])
         specs, shapes = structure(ctx.model)
         alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}
         w = decode_groups(down, shapes, specs, alive)
@@ -266,7 +280,7 @@ def make(cfg: Config) -> FedAlgorithm:
             )
             for s in specs
         }
-        theta = thetas(w, v, specs)  # held constant during the round
+        theta = thetas(w, v, specs)
         l0 = cfg.lambda0 if ctx.round_ >= cfg.lambda0_from_round else 0.0
         frozen: dict[str, Tensor] = {}
         for s in specs:
@@ -275,18 +289,22 @@ def make(cfg: Config) -> FedAlgorithm:
             frozen[ALIVE + s.name] = alive[s.name].float()
         if cfg.lam:
             frozen.update({ANCHOR + k: t for k, t in w.items()})
-        gen = ctx.generator
         program = program_for(ctx.model, not all(bool(a.all()) for a in alive.values()))
+        value = (specs, alive, w, v, theta, frozen, program)
+        decoded.update(key=key, down=list(down.values()), value=value)
+        return value
+
+    def client_job(
+        down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
+    ) -> _jobs.LocalJob:
+        specs, alive, w, v, theta, frozen, program = received(down, ctx)
+        gen = ctx.generator
+
+        batches = _local.batch_schedule(data.num_examples, ctx.local, gen)
+        noise = iter(step_noise(specs, len(batches), gen, w) if not cfg.force_gates_on else [])
 
         def draws() -> dict[str, Tensor]:  # the hard-concrete noise u of each group, in order
-            if cfg.force_gates_on:
-                return {}
-            return {
-                NOISE + s.name: torch.rand(s.count, generator=gen, device=gen.device)
-                .clamp(1e-6, 1 - 1e-6)
-                .to(theta[s.name].device)  # drawn on the CPU generator: the same on any device
-                for s in specs
-            }
+            return next(noise, {})
 
         def finish(res: _jobs.JobResult) -> ClientResult:
             w_s = {k: res.live[k] for k in w}
@@ -316,9 +334,8 @@ def make(cfg: Config) -> FedAlgorithm:
             )
 
         start = {**w, **{GATE + s.name: v[s.name] for s in specs}}
-        batches = _local.batch_schedule(data.num_examples, ctx.local, gen)
         return _jobs.new_job(
-            program, start, data, ctx.local, batches, finish, frozen=frozen, draws=draws
+            program, start, data, ctx.local, batches, finish, frozen=dict(frozen), draws=draws
         )
 
     def decode_upload(
@@ -386,6 +403,26 @@ def make(cfg: Config) -> FedAlgorithm:
         global_params=lambda s: s.params,
         server_metrics=server_metrics,
     )
+
+
+def step_noise(
+    specs: Sequence[GroupSpec], steps: int, generator: torch.Generator, like: Params
+) -> list[dict[str, Tensor]]:
+    """The hard-concrete noise ``u ~ U(1e-6, 1 − 1e-6)`` of every group for each of ``steps``
+    local steps (step by step, group by group: the order the local loop uses it), drawn in one
+    call: torch's CPU uniform fills element by element from the generator, so one draw of
+    ``steps × Σ count`` equals the per-step draws (tested). Drawn on the (CPU) generator, then
+    moved to the parameters' device: the same noise on every device."""
+    counts = [s.count for s in specs]
+    if not steps or not counts:
+        return [{} for _ in range(steps)]
+    device = next(iter(like.values())).device
+    u = torch.rand(steps * sum(counts), generator=generator, device=generator.device)
+    rows = u.clamp_(1e-6, 1 - 1e-6).to(device).view(steps, -1)
+    return [
+        {NOISE + s.name: part for s, part in zip(specs, row.split(counts), strict=True)}
+        for row in rows
+    ]
 
 
 def _sample_z(pi: Tensor, generator: torch.Generator, cfg: Config) -> Tensor:

@@ -92,10 +92,16 @@ def diverged(loss: float | None, update: Mapping[str, Tensor], limit: float) -> 
     (``None``: the algorithm reports none), or a non-finite value in its decoded update."""
     if loss is not None and not loss <= limit:  # NaN compares false
         return f"training loss {loss:.4g}" + ("" if math.isnan(loss) else f" (limit {limit:g})")
-    for name, t in update.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            return f"a non-finite value in its update of {name}"
-    return None
+    floats = [(n, t) for n, t in update.items() if t.is_floating_point() and t.numel()]
+    if not floats:
+        return None
+    # fast path: a finite sum means every value is finite (NaN and ±inf propagate); a non-finite
+    # sum may also be an overflow of huge finite values, so only then is each value checked
+    sums = torch.stack([t.sum() for _, t in floats])
+    if bool(torch.isfinite(sums).all()):  # one read back per client
+        return None
+    bad = next((n for n, t in floats if not bool(torch.isfinite(t).all())), None)
+    return None if bad is None else f"a non-finite value in its update of {bad}"
 
 
 @dataclass

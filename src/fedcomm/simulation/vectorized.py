@@ -252,16 +252,23 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
                 for k, v in updates[1].items():
                     frozen[k][i].copy_(v)
                     touched.add(k)
-    # per-client copies, so the chunk's stacks are freed with the chunk (memory is bounded by
-    # chunk_size, not the cohort); frozen tensors no hook changed are the job's own
+    # each client's results are views of the chunk's stacks (no copy: the results of every
+    # client live until the server update anyway, and together they are the stacks' size);
+    # frozen tensors no hook changed are the job's own, so the frozen stacks are freed here
     out = []
     mean_losses = _mean_losses(losses, n_steps)  # one copy to the host per chunk
+    mine = _unstack(live, C)
+    own_bufs = _unstack(bufs, C)
     for i, (job, n) in enumerate(zip(chunk, n_steps, strict=True)):
-        mean = mean_losses[i]
         kept = {k: frozen[k][i].clone() if k in touched else v for k, v in job.frozen.items()}
-        mine = {k: v[i].clone() for k, v in live.items()}
-        out.append(JobResult(mine, kept, {k: v[i].clone() for k, v in bufs.items()}, mean, n))
+        out.append(JobResult(mine[i], kept, own_bufs[i], mean_losses[i], n))
     return out
+
+
+def _unstack(stacked: Mapping[str, Tensor], C: int) -> list[dict[str, Tensor]]:
+    """``C`` per-client dicts of views of ``stacked`` ``(C, *shape)`` tensors."""
+    per_key = {k: v.unbind(0) for k, v in stacked.items()}
+    return [{k: views[i] for k, views in per_key.items()} for i in range(C)]
 
 
 def _mean_losses(losses: Tensor, n_steps: Sequence[int]) -> list[float]:

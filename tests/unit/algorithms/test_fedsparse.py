@@ -231,3 +231,23 @@ def test_client_upload_is_counted_and_is_z_times_w(fed: FederatedTensors) -> Non
         z = up[f"mask/{s.name}"].decode().bool()
         for name, axis in s.members:
             assert torch.all(res.local_params[name].movedim(axis, 0)[~z] == 0)
+
+
+def test_step_noise_in_one_draw_equals_the_per_step_draws() -> None:
+    """The local steps' gate noise, drawn at once, is what drawing it step by step, group by
+    group, would give (the same generator stream: torch's CPU uniform fills element by element)."""
+    model = build_model("cnn", input_shape=(1, 28, 28), num_classes=10)
+    specs = [s for s in groups(model)]
+    params = dict(model.named_parameters())
+    g = torch.Generator().manual_seed(7)
+    torch.randperm(50, generator=g)  # whatever the client drew before
+    at_once = fedsparse.step_noise(specs, 5, g, params)
+    after = torch.rand(3, generator=g)
+    g = torch.Generator().manual_seed(7)
+    torch.randperm(50, generator=g)
+    for step in at_once:
+        for s in specs:
+            expected = torch.rand(s.count, generator=g).clamp(1e-6, 1 - 1e-6)
+            assert torch.equal(step[fedsparse.NOISE + s.name], expected)
+    assert torch.equal(torch.rand(3, generator=g), after)  # the stream continues as before
+    assert fedsparse.step_noise(specs, 0, g, params) == []
