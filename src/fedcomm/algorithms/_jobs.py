@@ -21,7 +21,8 @@ pattern resampling, FedDST's mid-training readjustment) is ``after_step`` at the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -80,6 +81,10 @@ class LocalProgram:
     param_map: ParamMap | None = None
     aux: AuxAdamax | None = None  # auxiliary tensors with their own Adamax
     skip_loss: float | None = None  # a step whose data loss is >= this is not taken
+    # (module name, key): the module's input is multiplied by param_map's entry ``key``, a
+    # ``(in_features,)`` gate, during the forward pass; for a linear layer the same function
+    # as gating its weight's input columns, at the input's size rather than the weight's
+    input_gates: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,7 +195,8 @@ def grad_fn(
             forward = {k: v for k, v in mapped.items() if k in names}
             extras = {k: v for k, v in mapped.items() if k not in names and k not in full}
             seen = {**full, **extras} if extras else full
-            logits = functional_call(model, forward, (xb,))
+            with _gated_inputs(model, program.input_gates, mapped):
+                logits = functional_call(model, forward, (xb,))
         loss = cross_entropy(logits, yb) if wb is None else weighted_cross_entropy(logits, yb, wb)
         total = loss if program.loss_hook is None else program.loss_hook(seen, loss)
         return total, loss
@@ -224,6 +230,30 @@ def grad_fn(
         return _clipped(grads, cfg), aux_grads, loss.detach()
 
     return phase
+
+
+@contextmanager
+def _gated_inputs(
+    model: nn.Module, gates: tuple[tuple[str, str], ...], mapped: Mapping[str, Tensor]
+) -> Iterator[None]:
+    """For the forward pass: each named module's input times its gate (``x ⊙ z`` along the last
+    dimension), through forward pre-hooks removed afterwards."""
+    if not gates:
+        yield
+        return
+
+    def hook(z: Tensor) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
+        return lambda module, args: (args[0] * z, *args[1:])
+
+    handles = [
+        model.get_submodule(name).register_forward_pre_hook(hook(mapped[key]))
+        for name, key in gates
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 @torch.no_grad()

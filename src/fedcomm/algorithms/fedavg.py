@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from torch import Tensor
@@ -76,8 +76,13 @@ def make(
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         return ServerState(clone_params(params), opt.init(params))
 
+    sent: dict[str, Any] = {}  # the downlink of the current server state (the same for everyone)
+
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
-        return encode_dense(state.params)
+        if sent.get("state") is not state:  # encoded (and counted) once per server state
+            sent.update(state=state, payload=encode_dense(state.params))
+        payload: Payload = sent["payload"]
+        return payload
 
     def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext

@@ -75,6 +75,7 @@ from fedcomm.types import Params
 # per-client tensors of the local step (LocalJob.frozen / live keys)
 GATE, NOISE, THETA, COST, ALIVE, ANCHOR = "gate.", "u.", "theta.", "l0.", "alive.", "anchor."
 LOGIT = "logit."  # logit π of a group, computed once a step by the forward pass
+INPUT_GATE = "in_gate."  # z of a group gated at its layer's input (forward pass only)
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete (Louizos et al. 2018, the L0 paper)
 L0_SHIFT = -BETA * math.log(-GAMMA / ZETA)  # ≈ 1.599: P(z > 0) = σ(log α + L0_SHIFT)
 
@@ -100,6 +101,12 @@ class Config(AlgorithmConfig):
         "logit_pi", description="log α = logit π (spec Rec), or logit π − 1.599 (Eq. 41)"
     )
     force_gates_on: bool = Field(False, description="ablation: z ≡ 1, no pruning")
+    gate_at: Literal["auto", "weights"] = Field(
+        "auto",
+        description="where the local forward pass applies the gates z: auto (a linear layer's "
+        "input-feature gates on its input x ⊙ z when that is smaller than its weight, the same "
+        "function) or weights (always W ⊙ z, the equations' literal form)",
+    )
     weighting: Literal["uniform", "num_examples"] = "uniform"
     server: ServerOptConfig = Field(
         default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3)
@@ -184,7 +191,9 @@ def make(cfg: Config) -> FedAlgorithm:
         payload: Payload = sent["payload"]
         return payload
 
-    programs: dict[tuple[int, bool], tuple[torch.nn.Module, _jobs.LocalProgram]] = {}
+    programs: dict[
+        tuple[int, bool, frozenset[str]], tuple[torch.nn.Module, _jobs.LocalProgram]
+    ] = {}
     structures: dict[int, tuple[torch.nn.Module, tuple[GroupSpec, ...], Params]] = {}
 
     def structure(model: torch.nn.Module) -> tuple[tuple[GroupSpec, ...], Params]:
@@ -196,15 +205,20 @@ def make(cfg: Config) -> FedAlgorithm:
             structures[id(model)] = hit
         return hit[1], hit[2]
 
-    def program_for(model: torch.nn.Module, pruned: bool) -> _jobs.LocalProgram:
+    def program_for(model: torch.nn.Module, pruned: bool, rows: int) -> _jobs.LocalProgram:
         """The local step's program for this structure; every client-specific tensor (θ, |g|,
         alive masks, w for the drift, the gate noise u) is read from ``full``. ``pruned``: some
         group is pruned, so a post-step keeps its weights at 0 (with every group alive that
-        projection is the identity, and leaving it out saves a full-size pass per step)."""
-        hit = programs.get((id(model), pruned))
+        projection is the identity, and leaving it out saves a full-size pass per step).
+        ``rows``: rows a batch feeds each layer; a linear layer's input-feature gates are applied
+        to its input rather than its weight where that is smaller (:func:`input_gated`)."""
+        specs = _specs(model, cfg)
+        at_input = frozenset(
+            s.name for s in specs if cfg.gate_at == "auto" and input_gated(model, s, rows)
+        )
+        hit = programs.get((id(model), pruned, at_input))
         if hit is not None and hit[0] is model:
             return hit[1]
-        specs = _specs(model, cfg)
 
         def gates(full: Mapping[str, Tensor], spec: GroupSpec) -> Tensor:  # π_g
             logits = full.get(LOGIT + spec.name)  # computed by forward_params this step
@@ -220,6 +234,9 @@ def make(cfg: Config) -> FedAlgorithm:
                 logits = gate_logits(full, {s.name: full[GATE + s.name]}, s, cfg.T)
                 out[LOGIT + s.name] = logits  # logit π, for the penalties of the same step
                 z = hard_concrete(logits - shift, full[NOISE + s.name]) * full[ALIVE + s.name]
+                if s.name in at_input:  # x ⊙ z into the layer: the same as W ⊙ z, cheaper
+                    out[INPUT_GATE + s.name] = z
+                    continue
                 for name, axis in s.members:
                     shape = [1] * full[name].dim()
                     shape[axis] = s.count
@@ -255,24 +272,28 @@ def make(cfg: Config) -> FedAlgorithm:
             post_step=keep_pruned if pruned else None,
             param_map=forward_params,
             aux=aux,
+            input_gates=tuple(
+                (layer_of(s), INPUT_GATE + s.name) for s in specs if s.name in at_input
+            ),
         )
-        programs[(id(model), pruned)] = (model, program)
+        programs[(id(model), pruned, at_input)] = (model, program)
         return program
 
     decoded: dict[str, Any] = {}  # what every client makes of the same downlink, made once
 
     def received(down: Mapping[str, Tensor], ctx: ClientContext) -> tuple[Any, ...]:
         """A client's view of the downlink: the specs, alive masks, ``w``, ``v``, ``θ`` (held
-        constant during the round), the step's frozen tensors and the program. Every client of
-        a round decodes the same payload into the same tensors, so this is computed for the
-        first and reused (keyed by the decoded tensors' identity and the round)."""
+        constant during the round), the step's frozen tensors and whether a group is pruned.
+        Every client of a round decodes the same payload into the same tensors, so this is
+        computed for the first and reused (keyed by the decoded tensors' identity and the
+        round)."""
         key = (ctx.round_, id(ctx.model), tuple(id(t) for t in down.values()))
         if decoded.get("key") == key and all(
             a is b for a, b in zip(decoded["down"], down.values(), strict=True)
         ):
             return tuple(decoded["value"])
         specs, shapes = structure(ctx.model)
-        alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}
+        alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}  # (count,) per spec
         w = decode_groups(down, shapes, specs, alive)
         v = {
             s.name: torch.zeros(s.count, device=alive[s.name].device).masked_scatter(
@@ -289,15 +310,17 @@ def make(cfg: Config) -> FedAlgorithm:
             frozen[ALIVE + s.name] = alive[s.name].float()
         if cfg.lam:
             frozen.update({ANCHOR + k: t for k, t in w.items()})
-        program = program_for(ctx.model, not all(bool(a.all()) for a in alive.values()))
-        value = (specs, alive, w, v, theta, frozen, program)
+        pruned = not all(bool(a.all()) for a in alive.values())
+        value = (specs, alive, w, v, theta, frozen, pruned)
         decoded.update(key=key, down=list(down.values()), value=value)
         return value
 
     def client_job(
         down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
     ) -> _jobs.LocalJob:
-        specs, alive, w, v, theta, frozen, program = received(down, ctx)
+        specs, alive, w, v, theta, frozen, pruned = received(down, ctx)
+        rows = ctx.local.batch_size * math.prod(data.y.shape[1:])  # rows a batch feeds a layer
+        program = program_for(ctx.model, pruned, rows)
         gen = ctx.generator
 
         batches = _local.batch_schedule(data.num_examples, ctx.local, gen)
@@ -423,6 +446,22 @@ def step_noise(
         {NOISE + s.name: part for s, part in zip(specs, row.split(counts), strict=True)}
         for row in rows
     ]
+
+
+def layer_of(spec: GroupSpec) -> str:
+    """The module owning a spec's (first) member parameter: ``"fc1.weight"`` -> ``"fc1"``."""
+    return spec.members[0][0].rpartition(".")[0]
+
+
+def input_gated(model: torch.nn.Module, spec: GroupSpec, rows: int) -> bool:
+    """Whether ``spec``'s gates can multiply its layer's input instead of its weight, and that is
+    cheaper: a linear layer gated on its input features (``W ⊙ z`` along the columns, no bias
+    member: ``(x ⊙ z) Wᵀ + b = x (W ⊙ z)ᵀ + b``) fed fewer ``rows`` per batch than it has
+    outputs (the input is then smaller than the weight, forward and backward)."""
+    if spec.kind != "in_feature" or len(spec.members) != 1 or spec.members[0][1] != 1:
+        return False
+    module = model.get_submodule(layer_of(spec))
+    return isinstance(module, torch.nn.Linear) and rows < module.out_features
 
 
 def _sample_z(pi: Tensor, generator: torch.Generator, cfg: Config) -> Tensor:

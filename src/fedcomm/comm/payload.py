@@ -177,14 +177,23 @@ class Payload(Mapping[str, Entry]):
         return len(self.entries)
 
     def nbits(self) -> BitCount:
-        total = BitCount()
-        for entry in self.entries.values():
-            total = total + entry.nbits()
-        return total
+        # counted once per payload (its entries are immutable): a downlink shared by a round's
+        # clients is charged to each of them without being counted again
+        cached: BitCount | None = self.__dict__.get("_nbits")
+        if cached is None:
+            cached = BitCount()
+            for entry in self.entries.values():
+                cached = cached + entry.nbits()
+            object.__setattr__(self, "_nbits", cached)
+        return cached
 
     def dense_bits(self) -> int:
         """Bits of the same content sent densely (the no-compression reference)."""
-        return sum(e.dense_bits() for e in self.entries.values())
+        cached: int | None = self.__dict__.get("_dense_bits")
+        if cached is None:
+            cached = sum(e.dense_bits() for e in self.entries.values())
+            object.__setattr__(self, "_dense_bits", cached)
+        return cached
 
     def decode(self) -> dict[str, Tensor]:
         return {k: e.decode() for k, e in self.entries.items()}

@@ -295,9 +295,21 @@ class _Batches:
         sizes = [j.data.num_examples for j in chunk]
         offsets = [sum(sizes[:i]) for i in range(len(chunk))]
         self.C = len(chunk)
+        self.weights: Tensor | None = None
+        self.layout: list[tuple[int, int, int | None]] = []  # (start, B, weight row or None)
+        counts = [len(b) for b in chunk[0].batches]
+        if counts and all([len(b) for b in j.batches] == counts for j in chunk):  # no padding
+            # every client's s-th batch has the same size: one cat per client, one per step
+            rows = [torch.cat(j.batches) + off for j, off in zip(chunk, offsets, strict=True)]
+            per_step = torch.stack(rows).split(counts, dim=1)  # S blocks of (C, B_s)
+            self.flat = torch.cat([block.reshape(-1) for block in per_step]).to(dev)
+            start = 0
+            for B in counts:
+                self.layout.append((start, B, None))
+                start += self.C * B
+            return
         flats: list[Tensor] = []
         weights: list[Tensor] = []
-        self.layout: list[tuple[int, int, int | None]] = []  # (start, B, weight row or None)
         start = 0
         for s in range(S):
             counts = [len(j.batches[s]) if s < len(j.batches) else 0 for j in chunk]

@@ -251,3 +251,54 @@ def test_step_noise_in_one_draw_equals_the_per_step_draws() -> None:
             assert torch.equal(step[fedsparse.NOISE + s.name], expected)
     assert torch.equal(torch.rand(3, generator=g), after)  # the stream continues as before
     assert fedsparse.step_noise(specs, 0, g, params) == []
+
+
+def test_input_gating_is_chosen_where_the_input_is_smaller_than_the_weight() -> None:
+    model = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[128])
+    fc1, fc2 = groups(model)  # input features of fc1 (784 -> 128) and fc2 (128 -> 10)
+    assert fedsparse.layer_of(fc1) == "fc1"
+    assert fedsparse.input_gated(model, fc1, rows=10)  # 10 x 784 input < 128 x 784 weight
+    assert not fedsparse.input_gated(model, fc1, rows=128)
+    assert not fedsparse.input_gated(model, fc2, rows=10)  # 10 outputs: no cheaper
+    cnn = build_model("cnn", input_shape=(1, 28, 28), num_classes=10)
+    conv1 = next(s for s in groups(cnn) if s.name == "conv1")
+    assert not fedsparse.input_gated(cnn, conv1, rows=1)  # filters: gated on the weight
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorized"])
+def test_gates_on_the_input_train_as_gates_on_the_weight(
+    fed: FederatedTensors, backend: str
+) -> None:
+    """``gate_at: auto`` (x ⊙ z into fc1) against ``weights`` (W ⊙ z), from the same seed: the
+    same function, so the same bits and, to float rounding, the same model and metrics."""
+
+    def run(gate_at: str) -> loop.RunResult:
+        lc = loop.LoopConfig(
+            rounds=3,
+            clients_per_round=3,
+            local=LocalConfig(batch_size=8, lr=0.05),
+            seed=1,
+            backend=backend,
+        )
+        alg = build_algorithm(fedsparse.Config(gate_at=gate_at, lambda0=1e-3))
+        return loop.run(lc, alg, _model(fed, 32), fed, build_compressor("none"), config_hash="t")
+
+    auto, weights = run("auto"), run("weights")
+    assert auto.ledger.rows == weights.ledger.rows
+    for k in auto.final_params:
+        torch.testing.assert_close(
+            auto.final_params[k], weights.final_params[k], rtol=1e-5, atol=1e-6
+        )
+    for a, b in zip(auto.state.round_rows, weights.state.round_rows, strict=True):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
+
+
+def test_input_gates_reach_the_layer_input_only_during_the_step(fed: FederatedTensors) -> None:
+    """The gated program hooks fc1's input for the forward pass and leaves no hook behind."""
+    model = _model(fed, 32)
+    alg = build_algorithm(fedsparse.Config())
+    lc = loop.LoopConfig(
+        rounds=1, clients_per_round=2, local=LocalConfig(batch_size=8, lr=0.05), seed=1
+    )
+    loop.run(lc, alg, model, fed, build_compressor("none"), config_hash="t")
+    assert not model.fc1._forward_pre_hooks  # type: ignore[union-attr]

@@ -165,3 +165,26 @@ def test_sequential_executor_matches_local_sgd_on_a_tied_model() -> None:
     assert ours.loss == pytest.approx(ref.loss, rel=1e-6)
     assert all(torch.equal(v, params[k]) for k, v in model.named_parameters())  # restored
     assert not any(v.requires_grad for v in ours.live.values())
+
+
+def test_batches_of_equal_sizes_take_each_clients_own_rows_at_every_step() -> None:
+    """The no-padding path (every client's s-th batch of one size), partial last batch too."""
+
+    def job(n: int, batches: list[torch.Tensor]) -> _jobs.LocalJob:
+        data = ClientData(
+            torch.arange(n, dtype=torch.float32).reshape(n, 1) + 100 * n, torch.zeros(n)
+        )
+        return _jobs.new_job(
+            _jobs.LocalProgram(), {}, data, _local.LocalConfig(), batches,
+            lambda r: None,  # type: ignore[arg-type, return-value]
+        )  # fmt: skip
+
+    chunk = [
+        job(3, [torch.tensor([2, 0]), torch.tensor([1])]),
+        job(4, [torch.tensor([3, 1]), torch.tensor([0])]),  # (row 2 unused)
+    ]
+    batches = vectorized._Batches(chunk, 2)
+    xb, _, wb = batches.step(0)
+    assert wb is None and xb[:, :, 0].tolist() == [[302, 300], [403, 401]]
+    xb, _, wb = batches.step(1)
+    assert wb is None and xb[:, :, 0].tolist() == [[301], [400]]
