@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -224,10 +225,20 @@ def masked_average(
                 num.add_(v[name], alpha=w / total)
             out[name] = num
             continue
-        den = torch.zeros_like(ref)
-        for v, m, w in zip(values, masks, weights, strict=True):
-            num.add_(torch.where(m[name], v[name], 0.0), alpha=w)
-            den.add_(m[name].to(ref.dtype), alpha=w)
+        shared = masks[0][name]
+        if all(m[name] is shared for m in masks):  # every client kept the same entries
+            # on the mask, the same float sums as below; off it, the result is 0 either way
+            # (so the values need no masking); den is the one running sum of the weights
+            weight_sum = torch.zeros((), dtype=ref.dtype, device=ref.device)
+            for v, w in zip(values, weights, strict=True):
+                num.add_(v[name], alpha=w)
+                weight_sum.add_(w)
+            den = torch.where(shared, weight_sum, 0.0)
+        else:
+            den = torch.zeros_like(ref)
+            for v, m, w in zip(values, masks, weights, strict=True):
+                num.add_(torch.where(m[name], v[name], 0.0), alpha=w)
+                den.add_(m[name].to(ref.dtype), alpha=w)
         union[name] = den > 0
         out[name] = torch.where(union[name], num / den.clamp_min(1e-30), 0.0)
     return out, union
@@ -276,7 +287,11 @@ def encode(
     ``free_values``: regenerated from the seed), and the masks charged per ``mask_charge``."""
     entries: dict[str, Entry] = {}
     for name, t in params.items():
-        values = t.detach()[masks[name]] if name in masks else t.detach()  # (nnz,) or whole
+        values = (  # (nnz,) in row-major order (= t[mask]), or the whole tensor
+            t.detach().reshape(-1).index_select(0, positions(masks[name]))
+            if name in masks
+            else t.detach()
+        )
         entries[VALUES + name] = Free(values) if free_values else Dense(values)
     for name, m in masks.items():
         entries[MASK + name] = Mask(m) if mask_charge == "sent" else Free(m)
@@ -301,6 +316,26 @@ def decode(decoded: Mapping[str, Tensor]) -> tuple[Params, Masks]:
             params[name] = values
             continue
         full = torch.zeros(m.shape, dtype=values.dtype, device=values.device)
-        full[m] = values.reshape(-1)
+        full.view(-1).index_copy_(0, positions(m), values.reshape(-1))  # = full[m] = values
         params[name] = full
     return params, masks
+
+
+_POSITIONS: dict[int, tuple[weakref.ref[Tensor], Tensor]] = {}
+_POSITIONS_KEPT = 16  # masks whose positions are remembered (a round shares one mask set)
+
+
+def positions(mask: Tensor) -> Tensor:
+    """The flat positions of ``mask``'s ones, ascending (``mask.reshape(-1).nonzero()``),
+    remembered per mask object: the clients of a round share the server's masks, so gathering
+    and scattering their values by position (``index_select``/``index_copy_``, ~10x faster than
+    boolean indexing here) finds each mask's positions once. A mask must not change in place
+    after its positions are taken (masks here are never modified in place)."""
+    hit = _POSITIONS.get(id(mask))
+    if hit is not None and hit[0]() is mask:
+        return hit[1]
+    found = mask.reshape(-1).nonzero().squeeze(1)
+    if len(_POSITIONS) >= _POSITIONS_KEPT:
+        _POSITIONS.pop(next(iter(_POSITIONS)))  # the oldest
+    _POSITIONS[id(mask)] = (weakref.ref(mask), found)
+    return found

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -225,6 +225,24 @@ class _Sent:
     payloads: dict[tuple[str, bool], Payload] = field(default_factory=dict)
 
 
+class _Shared:
+    """The last value computed from a list of tensors, reused while the same tensor objects
+    come again (identity, not content: a round's clients share the decoded downlink's)."""
+
+    def __init__(self) -> None:
+        self.key: list[Tensor] = []
+        self.value: Any = None
+
+    def get(self, tensors: list[Tensor], make: Callable[[], Any]) -> Any:
+        if (
+            not tensors
+            or len(tensors) != len(self.key)
+            or any(a is not b for a, b in zip(tensors, self.key, strict=True))
+        ):
+            self.key, self.value = tensors, make()
+        return self.value
+
+
 MASK = "mask."  # a client's current masks in its job's frozen tensors
 
 
@@ -293,10 +311,13 @@ def make(
 
     program = _jobs.LocalProgram(post_step=_masked_post)
 
+    decoded = _Shared()  # the round's downlink, decoded once: every client gets the same one
+    digests = _Shared()  # the digest of the last mask set hashed (every unchanged client's)
+
     def client_job(
         down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
     ) -> _jobs.LocalJob:
-        params, masks = _masks.decode(down)
+        params, masks = decoded.get(list(down.values()), lambda: _masks.decode(down))
         start = masks
         due = adjust is not None and adjust.due(ctx.round_) and data.num_examples > 0
         batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
@@ -339,7 +360,7 @@ def make(
                 )
             return ClientResult(
                 uplink=_masks.encode(final, now, charge),
-                state=ClientState(_masks.digest(now)),
+                state=ClientState(digests.get(list(now.values()), lambda: _masks.digest(now))),
                 local_params=final,
                 num_examples=data.num_examples,
                 metrics=metrics,

@@ -345,3 +345,35 @@ def test_a_server_optimizer_is_refused_not_ignored() -> None:
 
     with pytest.raises(pydantic.ValidationError, match="no server optimizer"):
         feddst.Config(server={"optimizer": "adam", "lr": 0.01})  # type: ignore[arg-type]
+
+
+def test_masked_average_of_one_shared_mask_equals_the_general_sum_to_the_bit() -> None:
+    """Clients that all kept the server's mask (the same tensor object) take the shortcut;
+    the result is bit-identical to the per-client masked sums over equal but distinct masks."""
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(40, 30, generator=g) < 0.7
+    values = []
+    for _ in range(5):
+        full = torch.randn(40, 30, generator=g)
+        values.append({"w": torch.where(mask, full, 0.0), "b": torch.randn(30, generator=g)})
+    weights = [0.37, 1.0, 2.5, 0.1, 7.3]
+    shared, shared_union = _masks.masked_average(values, [{"w": mask}] * 5, weights)
+    general, general_union = _masks.masked_average(
+        values, [{"w": mask.clone()} for _ in range(5)], weights
+    )
+    for k in general:
+        assert torch.equal(shared[k], general[k]), k
+    assert torch.equal(shared_union["w"], general_union["w"])
+
+
+def test_encode_and_decode_by_positions_equal_boolean_indexing() -> None:
+    g = torch.Generator().manual_seed(4)
+    mask = torch.rand(16, 9, generator=g) < 0.5
+    w = torch.randn(16, 9, generator=g)
+    payload = _masks.encode({"w": w, "b": torch.ones(3)}, {"w": mask}, "sent")
+    sent = payload.decode()
+    assert torch.equal(sent[_masks.VALUES + "w"], w[mask])  # row-major order of the kept entries
+    params, masks = _masks.decode(sent)
+    assert torch.equal(params["w"], torch.where(mask, w, 0.0)) and torch.equal(masks["w"], mask)
+    assert _masks.positions(mask) is _masks.positions(mask)  # found once per mask object
+    assert torch.equal(_masks.positions(mask), mask.reshape(-1).nonzero().squeeze(1))
