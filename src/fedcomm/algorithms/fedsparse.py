@@ -361,15 +361,6 @@ def make(cfg: Config) -> FedAlgorithm:
             program, start, data, ctx.local, batches, finish, frozen=dict(frozen), draws=draws
         )
 
-    def decode_upload(
-        state_like: Mapping[str, Tensor],
-        up: Mapping[str, Tensor],
-        specs: Sequence[GroupSpec],
-        alive: Mapping[str, Tensor],
-    ) -> tuple[Params, Params]:
-        z = {s.name: scatter_mask(up[f"mask/{s.name}"], alive[s.name]) for s in specs}
-        return decode_groups(up, state_like, specs, z), z
-
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
     ) -> ServerState:
@@ -378,14 +369,14 @@ def make(cfg: Config) -> FedAlgorithm:
         )
         weights = weights / weights.sum()
         theta = thetas(state.params, state.v, state.specs)
-        g_w = {k: torch.zeros_like(t) for k, t in state.params.items()}
-        zs: list[Params] = []
-        for u, wt in zip(uplinks, weights, strict=True):
-            w_hat, z = decode_upload(state.params, u.tensors, state.specs, state.alive)
-            zs.append(z)
-            kept = entry_masks(state.specs, z, state.params)
-            for k in g_w:  # z_s ⊙ (ŵ_s − w); ungated parameters are always sent
-                g_w[k] += wt * (w_hat[k] - state.params[k]) * kept.get(k, 1.0)
+        zs = [
+            {
+                s.name: scatter_mask(u.tensors[f"mask/{s.name}"], state.alive[s.name])
+                for s in state.specs
+            }
+            for u in uplinks
+        ]
+        g_w = weight_gradient(state.params, [u.tensors for u in uplinks], zs, weights, state.specs)
         step, w_opt_state = w_opt.update(g_w, state.w_opt)
         params = apply_step(state.params, step)
         g_v = {
@@ -446,6 +437,54 @@ def step_noise(
         {NOISE + s.name: part for s, part in zip(specs, row.split(counts), strict=True)}
         for row in rows
     ]
+
+
+def weight_gradient(
+    params: Params,
+    uploads: Sequence[Mapping[str, Tensor]],
+    zs: Sequence[Mapping[str, Tensor]],
+    weights: Tensor,
+    specs: Sequence[GroupSpec],
+) -> Params:
+    """The server's ``Σ_s p_s z_s ⊙ (ŵ_s − w)`` (ungated parameters: ``z_s ≡ 1``), each upload
+    added straight into its kept slices (``index_add_`` of ``p_s (ŵ_s − w)`` there; nothing
+    elsewhere, where ``z_s = 0``): no full-size decode, mask or product per client. Differences
+    are taken before the sum, as in :func:`weight_gradient_reference` (a server Adam step is
+    sensitive to the rounding of tiny means), and agree with it to the bit (tested)."""
+    axes = member_axes(specs)
+    p = [float(wt) for wt in weights]  # (one read of the K weights)
+    out: Params = {k: torch.zeros_like(t) for k, t in params.items()}
+    for up, z, ps in zip(uploads, zs, p, strict=True):
+        for k, w in params.items():
+            values = up[f"w/{k}"]
+            # (product, then sum: a fused multiply-add would round differently)
+            if k not in axes or bool(z[axes[k][0].name].all()):
+                out[k].add_((values.reshape(w.shape) - w).mul_(ps))
+                continue
+            spec, axis = axes[k]
+            idx = z[spec.name].nonzero().flatten()  # the kept groups, ascending
+            sel = list(w.shape)
+            sel[axis] = idx.numel()
+            diff = values.reshape(sel) - w.index_select(axis, idx)
+            out[k].index_add_(axis, idx, diff.mul_(ps))
+    return out
+
+
+def weight_gradient_reference(
+    params: Params,
+    uploads: Sequence[Mapping[str, Tensor]],
+    zs: Sequence[Mapping[str, Tensor]],
+    weights: Tensor,
+    specs: Sequence[GroupSpec],
+) -> Params:
+    """:func:`weight_gradient` as Algorithm 1 writes it: per client, ``p_s z_s ⊙ (ŵ_s − w)``."""
+    g_w = {k: torch.zeros_like(t) for k, t in params.items()}
+    for up, z, wt in zip(uploads, zs, weights, strict=True):
+        w_hat = decode_groups(up, params, specs, z)
+        kept = entry_masks(specs, z, params)
+        for k in g_w:  # ungated parameters are always sent
+            g_w[k] += wt * (w_hat[k] - params[k]) * kept.get(k, 1.0)
+    return g_w
 
 
 def layer_of(spec: GroupSpec) -> str:
