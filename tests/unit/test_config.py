@@ -279,3 +279,25 @@ def test_a_device_this_machine_lacks_stops_train_before_any_work(project: Path) 
     assert sorted(p.relative_to(project) for p in project.rglob("*")) == before
     res = CliRunner().invoke(app, ["config", "validate"])
     assert res.exit_code == 2 and "train.device: 'cuda' is not available" in res.output
+
+
+def test_device_precision_and_auto_chunks_reach_the_loop() -> None:
+    """params' train.device / precision / chunk_size are what the round loop runs with, and
+    they are part of the run's identity (its config hash)."""
+    from fedcomm.experiment import config_hash, loop_config, resolved_run_config
+
+    base = validate_params(tiny_params())
+    cfg = loop_config(base, 0, "fedavg")
+    assert (cfg.device, cfg.precision, cfg.chunk_size) == ("auto", "fp32", 128)
+    other = validate_params(
+        tiny_params(
+            **{"train.device": "cpu", "train.precision": "bf16", "train.chunk_size": "auto"}
+        )
+    )
+    cfg = loop_config(other, 0, "fedavg")
+    assert (cfg.device, cfg.precision, cfg.chunk_size) == ("cpu", "bf16", "auto")
+    hashes = {
+        config_hash(resolved_run_config(p, "fedavg", 0, "p"))
+        for p in (base, other, validate_params(tiny_params(**{"train.precision": "bf16"})))
+    }
+    assert len(hashes) == 3
