@@ -499,9 +499,14 @@ def main() -> None:
         results.extend(summarize(name, runner, reps[runner]) for runner in runners)
     report(results)  # (fills each result's bound_s from its workload's best matmul)
     if args.json is not None:
+        # relative to the repository, so a committed result names no path of this machine
+        shown = os.path.relpath(args.data_root, REPO)
         args.json.write_text(
             json.dumps(
-                {"args": vars(args) | {"json": str(args.json)}, "results": results},
+                {
+                    "args": vars(args) | {"json": str(args.json), "data_root": shown},
+                    "results": results,
+                },
                 indent=2,
                 default=str,
             )

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 from torch import Tensor
 
 from fedcomm.algorithms import _jobs, _local
+from fedcomm.algorithms._reuse import Reused
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -76,13 +77,10 @@ def make(
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         return ServerState(clone_params(params), opt.init(params))
 
-    sent: dict[str, Any] = {}  # the downlink of the current server state (the same for everyone)
+    sent: Reused[Payload] = Reused()  # the current server state's downlink, encoded once
 
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
-        if sent.get("state") is not state:  # encoded (and counted) once per server state
-            sent.update(state=state, payload=encode_dense(state.params))
-        payload: Payload = sent["payload"]
-        return payload
+        return sent.get([state], lambda: encode_dense(state.params))
 
     def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -59,6 +59,7 @@ from torch.func import functional_call
 
 from fedcomm.algorithms import _jobs, _local, _masks
 from fedcomm.algorithms._masks import Masks
+from fedcomm.algorithms._reuse import Reused
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -225,24 +226,6 @@ class _Sent:
     payloads: dict[tuple[str, bool], Payload] = field(default_factory=dict)
 
 
-class _Shared:
-    """The last value computed from a list of tensors, reused while the same tensor objects
-    come again (identity, not content: a round's clients share the decoded downlink's)."""
-
-    def __init__(self) -> None:
-        self.key: list[Tensor] = []
-        self.value: Any = None
-
-    def get(self, tensors: list[Tensor], make: Callable[[], Any]) -> Any:
-        if (
-            not tensors
-            or len(tensors) != len(self.key)
-            or any(a is not b for a, b in zip(tensors, self.key, strict=True))
-        ):
-            self.key, self.value = tensors, make()
-        return self.value
-
-
 MASK = "mask."  # a client's current masks in its job's frozen tensors
 
 
@@ -311,8 +294,8 @@ def make(
 
     program = _jobs.LocalProgram(post_step=_masked_post)
 
-    decoded = _Shared()  # the round's downlink, decoded once: every client gets the same one
-    digests = _Shared()  # the digest of the last mask set hashed (every unchanged client's)
+    decoded: Reused[tuple[Params, _masks.Masks]] = Reused()  # the round's downlink, decoded once
+    digests: Reused[str] = Reused()  # the last mask set hashed (every unchanged client's)
 
     def client_job(
         down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext

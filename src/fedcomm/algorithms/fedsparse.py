@@ -50,6 +50,7 @@ from fedcomm.algorithms._grouped import (
     member_axes,
     scatter_mask,
 )
+from fedcomm.algorithms._reuse import Reused
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -180,16 +181,16 @@ def make(cfg: Config) -> FedAlgorithm:
         w = {k: t.detach().clone() for k, t in params.items()}
         return ServerState(w, v, alive, w_opt.init(w), v_opt.init(v), specs)
 
-    sent: dict[str, Any] = {}  # the downlink of the current server state (the same for everyone)
+    sent: Reused[Payload] = Reused()  # the current server state's downlink, encoded once
 
     def broadcast(state: ServerState, client_id: int, cstate: Any, ctx: RoundContext) -> Payload:
-        if sent.get("state") is not state:  # encoded once per server state, not per client
+        def encode() -> Payload:
             entries = encode_groups(state.params, state.specs, state.alive, send_masks=True)
             for s in state.specs:  # v of the surviving groups only
                 entries[f"v/{s.name}"] = Dense(state.v[s.name][state.alive[s.name]])
-            sent.update(state=state, payload=Payload(entries))
-        payload: Payload = sent["payload"]
-        return payload
+            return Payload(entries)
+
+        return sent.get([state], encode)
 
     programs: dict[
         tuple[int, bool, frozenset[str]], tuple[torch.nn.Module, _jobs.LocalProgram]
@@ -279,19 +280,17 @@ def make(cfg: Config) -> FedAlgorithm:
         programs[(id(model), pruned, at_input)] = (model, program)
         return program
 
-    decoded: dict[str, Any] = {}  # what every client makes of the same downlink, made once
+    decoded: Reused[tuple[Any, ...]] = Reused()  # the round's downlink, as every client sees it
 
     def received(down: Mapping[str, Tensor], ctx: ClientContext) -> tuple[Any, ...]:
         """A client's view of the downlink: the specs, alive masks, ``w``, ``v``, ``θ`` (held
         constant during the round), the step's frozen tensors and whether a group is pruned.
         Every client of a round decodes the same payload into the same tensors, so this is
-        computed for the first and reused (keyed by the decoded tensors' identity and the
+        computed for the first and reused (keyed by the decoded tensors, the model and the
         round)."""
-        key = (ctx.round_, id(ctx.model), tuple(id(t) for t in down.values()))
-        if decoded.get("key") == key and all(
-            a is b for a, b in zip(decoded["down"], down.values(), strict=True)
-        ):
-            return tuple(decoded["value"])
+        return decoded.get([ctx.model, *down.values()], lambda: view(down, ctx), also=ctx.round_)
+
+    def view(down: Mapping[str, Tensor], ctx: ClientContext) -> tuple[Any, ...]:
         specs, shapes = structure(ctx.model)
         alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}  # (count,) per spec
         w = decode_groups(down, shapes, specs, alive)
@@ -311,9 +310,7 @@ def make(cfg: Config) -> FedAlgorithm:
         if cfg.lam:
             frozen.update({ANCHOR + k: t for k, t in w.items()})
         pruned = not all(bool(a.all()) for a in alive.values())
-        value = (specs, alive, w, v, theta, frozen, pruned)
-        decoded.update(key=key, down=list(down.values()), value=value)
-        return value
+        return (specs, alive, w, v, theta, frozen, pruned)
 
     def client_job(
         down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
@@ -449,8 +446,9 @@ def weight_gradient(
     """The server's ``Σ_s p_s z_s ⊙ (ŵ_s − w)`` (ungated parameters: ``z_s ≡ 1``), each upload
     added straight into its kept slices (``index_add_`` of ``p_s (ŵ_s − w)`` there; nothing
     elsewhere, where ``z_s = 0``): no full-size decode, mask or product per client. Differences
-    are taken before the sum, as in :func:`weight_gradient_reference` (a server Adam step is
-    sensitive to the rounding of tiny means), and agree with it to the bit (tested)."""
+    are taken before the sum, as Algorithm 1 writes it per client, ``p_s z_s ⊙ (ŵ_s − w)`` over
+    full-size decoded uploads (a server Adam step is sensitive to the rounding of tiny means),
+    and agree with that form to the bit (tested)."""
     axes = member_axes(specs)
     p = [float(wt) for wt in weights]  # (one read of the K weights)
     out: Params = {k: torch.zeros_like(t) for k, t in params.items()}
@@ -468,23 +466,6 @@ def weight_gradient(
             diff = values.reshape(sel) - w.index_select(axis, idx)
             out[k].index_add_(axis, idx, diff.mul_(ps))
     return out
-
-
-def weight_gradient_reference(
-    params: Params,
-    uploads: Sequence[Mapping[str, Tensor]],
-    zs: Sequence[Mapping[str, Tensor]],
-    weights: Tensor,
-    specs: Sequence[GroupSpec],
-) -> Params:
-    """:func:`weight_gradient` as Algorithm 1 writes it: per client, ``p_s z_s ⊙ (ŵ_s − w)``."""
-    g_w = {k: torch.zeros_like(t) for k, t in params.items()}
-    for up, z, wt in zip(uploads, zs, weights, strict=True):
-        w_hat = decode_groups(up, params, specs, z)
-        kept = entry_masks(specs, z, params)
-        for k in g_w:  # ungated parameters are always sent
-            g_w[k] += wt * (w_hat[k] - params[k]) * kept.get(k, 1.0)
-    return g_w
 
 
 def layer_of(spec: GroupSpec) -> str:
