@@ -32,7 +32,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.utils.stateless import _reparametrize_module
 
-from fedcomm.algorithms._local import (
+from fedcomm.algorithms._context import ClientContext, ClientData, ClientResult
+from fedcomm.algorithms._sgd import (
     AuxAdamax,
     GradHook,
     LocalConfig,
@@ -44,7 +45,6 @@ from fedcomm.algorithms._local import (
     init_bufs,
     sgd_inplace,
 )
-from fedcomm.algorithms.base import ClientContext, ClientData, ClientResult
 from fedcomm.types import Params
 
 # (live after the update, frozen of the step, live before the step or {}) -> projected live

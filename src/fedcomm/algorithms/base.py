@@ -38,25 +38,42 @@ evaluation; algorithms never see the ledger. Adding an algorithm = one module wi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms import _jobs
+from fedcomm.algorithms._context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    ClientState,
+    Message,
+    RoundContext,
+    Uplink,
+    WarmStartContext,
+)
+from fedcomm.algorithms._jobs import LocalJob
 from fedcomm.comm.compressors.config import CompressorConfig
-from fedcomm.comm.ledger import Direction
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
 
-if TYPE_CHECKING:
-    from fedcomm.algorithms._jobs import LocalJob
+__all__ = [  # the contract's types live in ._context; they are part of this module's API
+    "ClientContext",
+    "ClientData",
+    "ClientResult",
+    "ClientState",
+    "Message",
+    "RoundContext",
+    "Uplink",
+    "WarmStartContext",
+]
 
 ServerState = Any
-ClientState = Any
 
 
 class AlgorithmConfig(BaseModel):
@@ -77,78 +94,6 @@ class AlgorithmConfig(BaseModel):
     def extra_rounds(self) -> int:
         """Rounds this algorithm runs on top of ``train.rounds`` (ProgFed's warm-up rounds)."""
         return 0
-
-
-@dataclass(frozen=True)
-class ClientData:
-    """One client's pre-tensorised split: ``x`` ``(n, ...)``, ``y`` ``(n,)`` or ``(n, T)``."""
-
-    x: Tensor
-    y: Tensor
-
-    @property
-    def num_examples(self) -> int:
-        return int(self.x.shape[0])
-
-
-@dataclass(frozen=True)
-class RoundContext:
-    """What every server-side function of a round may know: the round, a generator for it, and
-    the run's seed (to derive replayable per-client streams with :mod:`fedcomm.seeding`)."""
-
-    round_: int
-    generator: torch.Generator
-    seed: int = 0
-    model: nn.Module | None = None  # structure only (e.g. for models.groups); never trained
-
-
-@dataclass(frozen=True)
-class ClientContext:
-    """A client's view of the round: the reused model structure, local hyper-parameters and its
-    own generator, seeded by ``(seed, round, client_id)``."""
-
-    round_: int
-    client_id: int
-    model: nn.Module  # structure only: parameters are passed explicitly (torch.func style)
-    local: LocalConfig
-    generator: torch.Generator
-    seed: int = 0  # the run's seed: shared streams the server can replay (Stream.ALGORITHM)
-
-
-@dataclass(frozen=True)
-class WarmStartContext:
-    """What ``warm_start`` may use before round 1: a generator ``(seed, SERVER, 0)``, the run's
-    seed, the model structure and the local hyper-parameters."""
-
-    generator: torch.Generator
-    seed: int
-    model: nn.Module
-    local: LocalConfig
-
-
-Message = tuple[int, Direction, Payload]  # (client_id, "up" | "down", payload)
-
-
-@dataclass(frozen=True)
-class ClientResult:
-    """What ``client_update`` returns."""
-
-    uplink: Payload
-    state: ClientState
-    local_params: Params  # the model the client ends the round with (its "last upload")
-    num_examples: int
-    # e.g. {"train/loss": ..., "fedsparse/tv_mean": ..., "fedsparse/tv_max": ...}; the loop logs the
-    # mean over the round's clients, the max for keys ending in "_max", the min for "_min"
-    metrics: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Uplink:
-    """A decoded uplink as the server sees it."""
-
-    client_id: int
-    num_examples: int
-    tensors: Mapping[str, Tensor]
 
 
 @dataclass(frozen=True)
@@ -191,6 +136,42 @@ class FedAlgorithm:
     # why this algorithm's clients cannot be batched (logged when the vectorized backend falls
     # back to sequential for it)
     unbatched: str | None = None
+
+
+def no_client_state(client_id: int) -> None:
+    """``init_client`` of an algorithm whose clients keep nothing between rounds."""
+    return None
+
+
+def server_params(state: Any) -> Params:
+    """``global_params`` of an algorithm whose server state keeps the model in ``params``."""
+    params: Params = state.params
+    return params
+
+
+def job_algorithm(
+    cfg: AlgorithmConfig,
+    *,
+    init_server: Callable[[Params, RoundContext], ServerState],
+    broadcast: Callable[[ServerState, int, ClientState, RoundContext], Payload],
+    client_job: Callable[[Mapping[str, Tensor], ClientState, ClientData, ClientContext], LocalJob],
+    server_update: Callable[[ServerState, Sequence[Uplink], RoundContext], ServerState],
+    **optional: Any,
+) -> FedAlgorithm:
+    """The common shape of an algorithm: its local training a job (run sequentially by
+    ``client_update``, batched by the vectorized backend), clients without state unless
+    ``init_client`` is given, the model evaluated being the server state's ``params`` unless
+    ``global_params`` is given; ``optional`` sets any other :class:`FedAlgorithm` field."""
+    return FedAlgorithm(
+        **{"init_client": no_client_state, "global_params": server_params, **optional},
+        name=cfg.name,
+        config=cfg,
+        init_server=init_server,
+        broadcast=broadcast,
+        client_update=_jobs.job_client_update(client_job),
+        client_job=client_job,
+        server_update=server_update,
+    )
 
 
 C = TypeVar("C", bound=AlgorithmConfig)
