@@ -6,7 +6,8 @@ are its seeds. Each run's ``rounds``/``ledger``/``clients`` tables are downloade
 with :func:`~fedcomm.evaluation.summaries.summarize_run`, so budgets and accuracy targets can be
 chosen at report time; the report itself is the summarize stage's
 (:func:`~fedcomm.reporting.summary.write_report` with
-:func:`~fedcomm.summarize.budget_and_target_sections`) plus a section naming the MLflow runs.
+:func:`~fedcomm.reporting.sections.budget_and_target_sections`) plus a section naming the
+MLflow runs.
 
 Outputs under ``out_dir``: ``summary.md``, ``plots/*.png`` and ``runs.parquet`` (one row per
 run), all written atomically.
@@ -28,8 +29,8 @@ from fedcomm import atomic
 from fedcomm.config import ConfigError
 from fedcomm.evaluation.summaries import LinkModel, summarize_run
 from fedcomm.reporting.plots import metric_axis
+from fedcomm.reporting.sections import budget_and_target_sections
 from fedcomm.reporting.summary import write_report
-from fedcomm.summarize import budget_and_target_sections
 from fedcomm.tracking.mlflow import resolve_tracking_uri
 from fedcomm.tracking.query import (
     DVC_EXP_TAG,

@@ -1,0 +1,233 @@
+"""The layers of ``src/fedcomm`` (``docs/architecture.md``): no import cycles, no upward imports.
+
+The import graph is read from the source (every ``import``, including those under
+``TYPE_CHECKING`` and inside functions: a lazy import still ties two modules together), so the
+check needs nothing to be importable and sees what a reader sees.
+
+Layers, lowest first; a module may import its own layer and the layers below it:
+
+0. foundation: ``types errors atomic paths seeding sparse_io`` and the package root;
+1. building blocks: ``comm models data server_opt run_files``;
+2. ``algorithms`` (inside it, the contract and its shared pieces -- ``base`` and every
+   ``_private`` module -- never import an algorithm: algorithms compose them, not the reverse);
+3. ``evaluation``;  4. ``simulation`` (the round loop);  5. ``config`` (the params schema);
+6. ``tracking`` (the only mlflow user);  7. ``reporting``;  8. ``experiment`` (the stages);
+9. ``summarize sweep``;  10. ``cli``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(names.split())
+    for names in (
+        "fedcomm types errors atomic paths seeding sparse_io",
+        "comm models data server_opt run_files",
+        "algorithms",
+        "evaluation",
+        "simulation",
+        "config",
+        "tracking",
+        "reporting",
+        "experiment",
+        "summarize sweep",
+        "cli",
+    )
+)
+
+
+def module_names(src: Path, package: str) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of ``package`` under ``src``."""
+    out = {}
+    for path in sorted((src / package).rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: Iterable[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` (at ``path``) imports, anywhere in it."""
+    known = set(known)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            # `from pkg import sub` imports the submodule when there is one
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import a.b.c` imports a.b.c (or its parent)
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph(src: Path, package: str) -> dict[str, set[str]]:
+    mods = module_names(src, package)
+    return {name: imports_of(name, path, mods) for name, path in mods.items()}
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def layer_of(module: str, layers: tuple[frozenset[str], ...] = LAYERS) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else parts[0]
+    for i, names in enumerate(layers):
+        if top in names:
+            return i
+    raise AssertionError(f"{module}: its top-level name {top!r} is in no layer; add it to LAYERS")
+
+
+def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
+        for a, deps in graph.items()
+        for b in deps
+        if layer_of(b) > layer_of(a)
+    )
+
+
+def is_algorithm(module: str) -> bool:
+    """A registered algorithm's module: ``fedcomm.algorithms.<name>`` not private, not base."""
+    parts = module.split(".")
+    return (
+        len(parts) == 3
+        and parts[1] == "algorithms"
+        and not parts[2].startswith("_")
+        and parts[2] != "base"
+    )
+
+
+def infrastructure_importing_algorithms(graph: Mapping[str, set[str]]) -> list[str]:
+    """Shared algorithm pieces (``base``, ``_private`` modules) that import an algorithm."""
+    return sorted(
+        f"{a} imports the algorithm {b}"
+        for a, deps in graph.items()
+        if a.startswith("fedcomm.algorithms.") and not is_algorithm(a)
+        for b in deps
+        if is_algorithm(b)
+    )
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(SRC, "fedcomm")
+
+
+def test_the_graph_is_read(graph: dict[str, set[str]]) -> None:
+    assert "fedcomm.algorithms.base" in graph["fedcomm.algorithms.fedavg"]
+    assert "fedcomm.simulation.loop" in graph["fedcomm.experiment"]
+
+
+def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
+    assert cycles(graph) == []
+
+
+def test_every_module_is_in_a_layer(graph: dict[str, set[str]]) -> None:
+    for module in graph:
+        layer_of(module)
+
+
+def test_no_lower_layer_imports_a_higher_one(graph: dict[str, set[str]]) -> None:
+    assert upward_imports(graph) == []
+
+
+def test_shared_algorithm_pieces_import_no_algorithm(graph: dict[str, set[str]]) -> None:
+    assert infrastructure_importing_algorithms(graph) == []
+
+
+# --- the checks themselves fail where they should ----------------------------------------------
+
+
+def _tree(tmp_path: Path, files: Mapping[str, str]) -> dict[str, set[str]]:
+    for rel, text in files.items():
+        path = tmp_path / "fedcomm" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return import_graph(tmp_path, "fedcomm")
+
+
+def test_a_cycle_through_a_lazy_import_is_found(tmp_path: Path) -> None:
+    graph = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "comm/__init__.py": "",
+            "comm/a.py": "from fedcomm.comm import b\n",
+            "comm/b.py": "def f():\n    from fedcomm.comm.a import x\n",
+            "comm/c.py": "from . import a\n",
+        },
+    )
+    assert cycles(graph) == [["fedcomm.comm.a", "fedcomm.comm.b"]]
+
+
+def test_an_upward_import_is_found(tmp_path: Path) -> None:
+    graph = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "types.py": "",
+            "algorithms/__init__.py": "",
+            "algorithms/base.py": "import fedcomm.types\nfrom fedcomm.algorithms import fedx\n",
+            "algorithms/fedx.py": "from ..simulation.loop import run\n",
+            "simulation/__init__.py": "",
+            "simulation/loop.py": "from fedcomm import types\n",
+        },
+    )
+    assert cycles(graph) == []
+    assert upward_imports(graph) == [
+        "fedcomm.algorithms.fedx (layer 2) imports fedcomm.simulation.loop (layer 4)"
+    ]
+    assert infrastructure_importing_algorithms(graph) == [
+        "fedcomm.algorithms.base imports the algorithm fedcomm.algorithms.fedx"
+    ]
