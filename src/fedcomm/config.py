@@ -16,14 +16,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcomm.algorithms import CONFIGS, AlgorithmConfig
 from fedcomm.algorithms._local import LocalConfig
@@ -48,6 +41,13 @@ class Strict(BaseModel):
 # --- data ------------------------------------------------------------------------------------
 
 
+VERIFY: Any = Field(  # the `verify` key of the datasets with a standard release
+    True,
+    description="check the files against the standard release's MD5 digests (false: your "
+    "own copy); checks only, the data read is the same",
+)
+
+
 class Digits(Strict):
     name: Literal["digits"] = "digits"
 
@@ -55,11 +55,7 @@ class Digits(Strict):
 class Mnist(Strict):
     name: Literal["mnist", "fashion_mnist"]
     normalize: bool = False
-    verify: bool = Field(
-        True,
-        description="check the files against the standard release's MD5 digests (false: your "
-        "own copy); checks only, the data read is the same",
-    )
+    verify: bool = VERIFY
 
 
 class Femnist(Strict):
@@ -80,30 +76,18 @@ class Shakespeare(Strict):
 class Ptb(Strict):
     name: Literal["ptb"] = "ptb"
     seq_len: int = Field(35, ge=1)
-    verify: bool = Field(
-        True,
-        description="check the files against the standard release's MD5 digests (false: your "
-        "own copy); checks only, the data read is the same",
-    )
+    verify: bool = VERIFY
 
 
 class Cifar10(Strict):
     name: Literal["cifar10"] = "cifar10"
-    verify: bool = Field(
-        True,
-        description="check the files against the standard release's MD5 digests (false: your "
-        "own copy); checks only, the data read is the same",
-    )
+    verify: bool = VERIFY
 
 
 class Cifar100(Strict):
     name: Literal["cifar100"] = "cifar100"
     label: Literal["fine", "coarse"] = "fine"
-    verify: bool = Field(
-        True,
-        description="check the files against the standard release's MD5 digests (false: your "
-        "own copy); checks only, the data read is the same",
-    )
+    verify: bool = VERIFY
 
 
 class Synthetic(Strict):

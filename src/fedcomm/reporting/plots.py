@@ -201,53 +201,30 @@ def _plot(
     save_figure(fig, path)
 
 
-def plot_accuracy_vs_gib(
-    runs: Mapping[str, Sequence[pl.DataFrame]],
-    path: Path,
-    *,
-    metric: str = "global/accuracy",
-    title: str | None = None,
-) -> None:
-    """Plot ``metric`` against cumulative communication (``comm/cum_gib``, up + down).
+Runs = Mapping[str, Sequence[pl.DataFrame]]  # algorithm label -> rounds tables of its seeds
+ACCURACY = "global/accuracy"
 
-    Args:
-        runs: algorithm label -> rounds tables of its seeds.
-        path: PNG destination.
-        metric: the y column.
-        title: figure title (a default names the metric).
-    """
-    name = metric_axis(metric)[0].removesuffix(" (%)")
-    _plot(
-        runs,
-        path,
-        metric=metric,
-        x=GIB_COLUMN,
-        xlabel="Cumulative communication, up + down (GiB)",
-        title=title or f"{name} vs communication",
-    )
+
+def plot_accuracy_vs_gib(
+    runs: Runs, path: Path, *, metric: str = ACCURACY, title: str | None = None
+) -> None:
+    """Plot ``metric`` (the y column) against cumulative communication (``comm/cum_gib``, up +
+    down) as a PNG at ``path``; ``title`` defaults to one naming the metric."""
+    xlabel = "Cumulative communication, up + down (GiB)"
+    _plot_against(runs, path, metric, title, GIB_COLUMN, xlabel, "communication")
 
 
 def plot_accuracy_vs_round(
-    runs: Mapping[str, Sequence[pl.DataFrame]],
-    path: Path,
-    *,
-    metric: str = "global/accuracy",
-    title: str | None = None,
+    runs: Runs, path: Path, *, metric: str = ACCURACY, title: str | None = None
 ) -> None:
-    """Plot ``metric`` against the communication round.
+    """Plot ``metric`` (the y column) against the communication round as a PNG at ``path``;
+    ``title`` defaults to one naming the metric."""
+    _plot_against(runs, path, metric, title, "round", "Round", "round")
 
-    Args:
-        runs: algorithm label -> rounds tables of its seeds.
-        path: PNG destination.
-        metric: the y column.
-        title: figure title (a default names the metric).
-    """
+
+def _plot_against(
+    runs: Runs, path: Path, metric: str, title: str | None, x: str, xlabel: str, against: str
+) -> None:
     name = metric_axis(metric)[0].removesuffix(" (%)")
-    _plot(
-        runs,
-        path,
-        metric=metric,
-        x="round",
-        xlabel="Round",
-        title=title or f"{name} vs round",
-    )
+    title = title or f"{name} vs {against}"
+    _plot(runs, path, metric=metric, x=x, xlabel=xlabel, title=title)

@@ -45,7 +45,7 @@ from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger
 from fedcomm.comm.payload import Payload
-from fedcomm.evaluation.metrics import evaluate
+from fedcomm.evaluation.metrics import EvalResult, evaluate
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
 from fedcomm.simulation import checkpoint, device
@@ -373,27 +373,20 @@ def _one_round(
     metrics["model/sparsity"] = 1.0 - dens
     if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:  # 5. evaluate
         members = split_members(params)
-        g = evaluate(
-            model,
-            members,
-            data.global_test.x,
-            data.global_test.y,
-            batch_size=cfg.eval_batch_size,
-            topk=(cfg.topk,),
-        )
+        test = data.global_test
+
+        def on_global_test(params: Any, topk: tuple[int, ...] = ()) -> EvalResult:
+            return evaluate(
+                model, params, test.x, test.y, batch_size=cfg.eval_batch_size, topk=topk
+            )
+
+        g = on_global_test(members, (cfg.topk,))
         metrics["global/accuracy"] = g.accuracy
         metrics["global/loss"] = g.loss
         metrics["topk/accuracy"] = g.topk.get(cfg.topk)
         if len(members) > 1:  # an ensemble: each member's accuracy too
             for k, member in enumerate(members):
-                r = evaluate(
-                    model,
-                    member,
-                    data.global_test.x,
-                    data.global_test.y,
-                    batch_size=cfg.eval_batch_size,
-                )
-                metrics[f"global/member{k}/accuracy"] = r.accuracy
+                metrics[f"global/member{k}/accuracy"] = on_global_test(member).accuracy
     return metrics, cum_bits, cum_up_bits
 
 
