@@ -62,6 +62,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from fedcomm.data import text
+from fedcomm.data._registry import add_entry
 from fedcomm.data.types import Dataset
 from fedcomm.errors import InputError, one_line
 
@@ -107,9 +108,7 @@ def register(name: str) -> Callable[[Loader], Loader]:
     """
 
     def deco(fn: Loader) -> Loader:
-        if name in DATASETS:
-            raise ValueError(f"dataset {name!r} is already registered")
-        DATASETS[name] = fn
+        add_entry(DATASETS, "dataset", name, fn)
         return fn
 
     return deco

@@ -173,6 +173,13 @@ def shakespeare_from_roles(
         index = {tok: i for i, tok in enumerate(vocab)}
         encoded = [encode_tokens(w, index, unk=1) for w in words]
         x, y, nid = _stack([sequence_windows(e, seq_len, stride) for e in encoded], seq_len, 2)
+    return _shakespeare(x, y, nid, names, vocab)
+
+
+def _shakespeare(
+    x: np.ndarray, y: np.ndarray, nid: np.ndarray, names: Sequence[str], vocab: tuple[str, ...]
+) -> Dataset:
+    """The Shakespeare :class:`Dataset`: next-token targets over ``vocab``, one id per role."""
     return Dataset(
         name="shakespeare",
         x=x,
@@ -233,16 +240,7 @@ def shakespeare_from_leaf(
         names.append(uid)
     width = seq_len if seq_len is not None else (parts[0][0].shape[1] if parts else 80)
     x, y, nid = _stack(parts, width, y_dims=1)
-    return Dataset(
-        name="shakespeare",
-        x=x,
-        y=y,
-        num_classes=len(SHAKESPEARE_LETTERS),
-        task="next_token",
-        natural_id=nid,
-        natural_names=tuple(names),
-        vocab=tuple(SHAKESPEARE_LETTERS),
-    )
+    return _shakespeare(x, y, nid, names, tuple(SHAKESPEARE_LETTERS))
 
 
 def _leaf_user_arrays(
