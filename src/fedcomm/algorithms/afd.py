@@ -40,33 +40,24 @@ Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``), like FedDr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, feddrop
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
-    FedAlgorithm,
-    RoundContext,
-    Uplink,
-    client_weights,
-    clone_params,
-    register,
-)
-from fedcomm.comm.payload import Entry, Free, Mask, Meta, Payload
+from fedcomm.algorithms import _jobs, _submodel
+from fedcomm.algorithms._submodel_codec import UNIT as UNIT  # f"unit/{layer}": a unit mask
+from fedcomm.algorithms._submodel_merge import masked_mean
+from fedcomm.algorithms._submodel_units import keep_counts as keep_counts
+from fedcomm.algorithms._submodel_units import keep_ranked, select
+from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, RoundContext, Uplink, register
+from fedcomm.comm.payload import Entry, Free, Mask, Meta
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
-from fedcomm.types import Params
+from fedcomm.server_opt import ServerOptConfig
 
-UNIT = "unit/"  # f"unit/{layer}": a hidden layer's (count,) unit keep mask in the downlink
 LOSS = "afd/loss"  # the client's mean training loss in the uplink (Meta, 32 bits)
 
 
@@ -83,44 +74,36 @@ class Config(AlgorithmConfig):
 
 
 @dataclass(frozen=True)
-class ServerState:
-    params: Params
-    opt_state: OptState
-    layers: tuple[GroupSpec, ...]
+class ServerState(_submodel.ServerState):
     keep: dict[str, Tensor]  # (count,) bool per layer: the current sub-model
     scores: dict[str, Tensor]  # (count,) float per layer: the activation score map
     prev_loss: float | None  # ℓ_{t−1}, the last round's mean client loss (None before round 1)
     resampled: float = 0.0  # 1.0 if the last server update drew a new sub-model
 
 
-# --- pure pieces ------------------------------------------------------------------------------
+# --- the selection rule: score-weighted sampling, moved by the round's loss -------------------
 
 
-def keep_counts(layers: Sequence[GroupSpec], p: float) -> dict[str, int]:
-    """Units kept per layer: ``count − round(p·count)`` (at least one), the output layer full."""
-    dropped = feddrop.drop_counts(layers, conv_rate=p, fc_rate=p, drop_output=False)
-    return {s.name: s.count - dropped[s.name] for s in layers}
+def weighted_rank(scores: Tensor, n_keep: int, generator: torch.Generator) -> Tensor:
+    """``n_keep`` units, best first: drawn without replacement with probability proportional to
+    their score among the positive-score units, then (when fewer than ``n_keep`` units have a
+    positive score) the rest drawn uniformly from the others."""
+    positive = scores > 0
+    n_weighted = min(n_keep, int(positive.sum()))
+    drawn = torch.zeros(0, dtype=torch.long, device=scores.device)
+    if n_weighted > 0:
+        weights = torch.where(positive, scores, 0.0).double()
+        drawn = torch.multinomial(weights, n_weighted, replacement=False, generator=generator)
+    left = torch.ones(scores.numel(), dtype=torch.bool, device=scores.device)
+    left[drawn] = False
+    rest = left.nonzero().squeeze(1)
+    perm = torch.randperm(rest.numel(), generator=generator, device=generator.device)
+    return torch.cat([drawn, rest[perm[: n_keep - n_weighted]]])
 
 
 def weighted_selection(scores: Tensor, n_keep: int, generator: torch.Generator) -> Tensor:
-    """A ``(count,)`` bool mask with exactly ``n_keep`` ones: units drawn without replacement with
-    probability proportional to their score among the positive-score units, then (when fewer
-    than ``n_keep`` units have a positive score) the rest drawn uniformly from the others."""
-    count = scores.numel()
-    keep = torch.zeros(count, dtype=torch.bool, device=scores.device)
-    positive = scores > 0
-    n_weighted = min(n_keep, int(positive.sum()))
-    if n_weighted > 0:
-        weights = torch.where(positive, scores, 0.0).double()
-        keep[torch.multinomial(weights, n_weighted, replacement=False, generator=generator)] = True
-    rest = (~keep).nonzero().squeeze(1)
-    top_up = rest[
-        torch.randperm(rest.numel(), generator=generator, device=generator.device)[
-            : n_keep - n_weighted
-        ]
-    ]
-    keep[top_up] = True
-    return keep
+    """A ``(count,)`` bool mask with exactly ``n_keep`` ones: the units of :func:`weighted_rank`."""
+    return keep_ranked(weighted_rank(scores, n_keep, generator), n_keep, scores.numel())
 
 
 def sample_keep(
@@ -129,9 +112,9 @@ def sample_keep(
     counts: Mapping[str, int],
     generator: torch.Generator,
 ) -> dict[str, Tensor]:
-    """A sub-model: :func:`weighted_selection` per layer, in layer order (all-zero scores give a
+    """A sub-model: :func:`weighted_rank` per layer, in layer order (all-zero scores give a
     uniformly random sub-model)."""
-    return {s.name: weighted_selection(scores[s.name], counts[s.name], generator) for s in layers}
+    return select(layers, counts, lambda s, n: weighted_rank(scores[s.name], n, generator))
 
 
 def next_submodel(
@@ -156,18 +139,15 @@ def next_submodel(
     return sample_keep(layers, scores, counts, generator), dict(scores), True
 
 
-def pattern_entries(
-    layers: Sequence[GroupSpec], keep: Mapping[str, Tensor], counted: bool
-) -> dict[str, Entry]:
-    """The hidden layers' unit keep masks: ``Mask`` (1 bit per unit) if ``counted``, else
-    ``Free``. The output layer is never dropped and needs no pattern."""
-    entry = Mask if counted else Free
-    return {UNIT + s.name: entry(keep[s.name]) for s in layers if not s.is_output}
+def round_loss(uplinks: Sequence[Uplink], weights: Sequence[float]) -> float:
+    """``ℓ_t``: the uploaded mean training losses, averaged with the aggregation weights."""
+    losses = [float(u.tensors[LOSS]) for u in uplinks]
+    return sum(w * lo for w, lo in zip(weights, losses, strict=True)) / sum(weights)
 
 
-def submodel_fraction(keep: Mapping[str, Tensor]) -> float:
-    """Fraction of the model's entries in the sub-model."""
-    return sum(int(m.sum()) for m in keep.values()) / sum(m.numel() for m in keep.values())
+def loss_entry(res: _jobs.JobResult) -> dict[str, Entry]:
+    """The client's mean training loss for the uplink (32 bits)."""
+    return {LOSS: Meta(torch.tensor(res.loss, dtype=torch.float32, device="cpu"))}
 
 
 def _server_metrics(state: ServerState) -> dict[str, float]:
@@ -177,66 +157,31 @@ def _server_metrics(state: ServerState) -> dict[str, float]:
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    opt = cfg.server.build()
-
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
-        layers = feddrop.unit_layers(ctx.model)
-        scores = {s.name: torch.zeros(s.count, device="cpu") for s in layers}  # with the draws
+    def init(base: _submodel.ServerState, ctx: RoundContext) -> ServerState:
+        """Round 1: a uniformly random sub-model (from ``(seed, ALGORITHM, 0)``), scores 0."""
+        scores = {s.name: torch.zeros(s.count, device="cpu") for s in base.layers}  # with the draws
         g = torch_generator(ctx.seed, Stream.ALGORITHM, 0)
-        keep = sample_keep(layers, scores, keep_counts(layers, cfg.p), g)  # uniform
-        return ServerState(clone_params(params), opt.init(params), layers, keep, scores, None)
+        keep = sample_keep(base.layers, scores, keep_counts(base.layers, cfg.p), g)
+        return ServerState(base.params, base.opt_state, base.layers, keep, scores, None)
 
-    def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
-        masks = feddrop.param_masks(state.layers, state.keep, state.params)
-        pattern = pattern_entries(state.layers, state.keep, cfg.count_pattern)
-        return Payload(feddrop.encode_kept(state.params, masks) | pattern)
-
-    def client_job(
-        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> _jobs.LocalJob:
-        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
-            delta = feddrop.encode_kept({k: res.live[k] - sub[k] for k in sub}, keep)
-            loss = Meta(torch.tensor(res.loss, dtype=torch.float32, device="cpu"))  # 32 bits
-            return ClientResult(
-                uplink=Payload(delta | {LOSS: loss}),
-                state=None,
-                local_params=res.live,
-                num_examples=data.num_examples,
-                metrics={"train/loss": res.loss, "afd/submodel_fraction": submodel_fraction(keep)},
-            )
-
-        return feddrop.submodel_job(down, data, ctx, finish)
-
-    def server_update(
-        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+    def update(
+        state: ServerState, uplinks: Sequence[Uplink], weights: list[float], ctx: RoundContext
     ) -> ServerState:
-        deltas = [feddrop.decode_kept(u.tensors) for u in uplinks]
-        masks = [feddrop.keep_masks(u.tensors) for u in uplinks]
-        weights = client_weights(uplinks, cfg.weighting)
-        delta, held = feddrop.aggregate(deltas, masks, weights, "held")
-        step, opt_state = opt.update(delta, state.opt_state)
-        step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}
-        losses = [float(u.tensors[LOSS]) for u in uplinks]
-        loss = sum(w * lo for w, lo in zip(weights, losses, strict=True)) / sum(weights)
+        """The score map and sub-model of round ``t + 1`` (generator ``(seed, ALGORITHM, t)``)."""
+        loss = round_loss(uplinks, weights)
         g = torch_generator(ctx.seed, Stream.ALGORITHM, ctx.round_)
         counts = keep_counts(state.layers, cfg.p)
         keep, scores, resampled = next_submodel(
             state.layers, state.keep, state.scores, state.prev_loss, loss, counts, g
         )
-        params = apply_step(state.params, step)
-        return ServerState(params, opt_state, state.layers, keep, scores, loss, float(resampled))
+        return replace(state, keep=keep, scores=scores, prev_loss=loss, resampled=float(resampled))
 
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
-        init_server=init_server,
-        init_client=lambda client_id: None,
-        broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
-        client_job=client_job,
-        server_update=server_update,
-        global_params=lambda s: s.params,
+    return _submodel.algorithm(
+        cfg,
+        _submodel.Selection(lambda state, client_id, ctx: state.keep, init, update),
+        masked_mean("held"),  # every client holds the same entries: the plain weighted mean
+        weighting=cfg.weighting,
+        pattern=Mask if cfg.count_pattern else Free,
+        client_job=_submodel.masked_client(cfg.name, meta=loss_entry),
         server_metrics=_server_metrics,
-        uploaded_model=feddrop.uploaded_model,
-        validate_model=feddrop.validate_model,
     )

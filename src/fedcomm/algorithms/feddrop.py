@@ -18,186 +18,33 @@ its weight row and bias and the next layer's input columns reading it (after a f
   every client's weight), then ``w ← w + server_opt(Δ)`` (Adam, lr 1e-3) where some client held
   the entry; entries nobody held stay untouched.
 
-Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``).
+Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``). The unit graph, codec,
+client side and aggregation are the sub-model family's (:mod:`._submodel`), re-exported here.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
-    FedAlgorithm,
-    RoundContext,
-    Uplink,
-    client_weights,
-    clone_params,
-    register,
-    weighted_mean,
-)
-from fedcomm.comm.payload import Dense, Entry, Free, Payload
-from fedcomm.models.groups import GroupSpec, expand_mask, rows
-from fedcomm.models.vision import MLP, ConvNet
+from fedcomm.algorithms import _submodel
+from fedcomm.algorithms._submodel_codec import decode_kept as decode_kept
+from fedcomm.algorithms._submodel_codec import encode_kept as encode_kept
+from fedcomm.algorithms._submodel_codec import keep_masks as keep_masks
+from fedcomm.algorithms._submodel_merge import aggregate as aggregate
+from fedcomm.algorithms._submodel_merge import masked_mean
+from fedcomm.algorithms._submodel_units import drop_counts as drop_counts
+from fedcomm.algorithms._submodel_units import param_masks as param_masks
+from fedcomm.algorithms._submodel_units import select
+from fedcomm.algorithms._submodel_units import unit_layers as unit_layers
+from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, RoundContext, register
+from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
-from fedcomm.types import Params
-
-KEEP = "keep/"  # f"keep/{param}": the Free keep mask next to a parameter's kept values
-
-
-def encode_kept(tensors: Mapping[str, Tensor], keep: Mapping[str, Tensor]) -> dict[str, Entry]:
-    """Each tensor's kept values (32 bits each) plus its full-shape bool keep mask as ``Free``
-    (replayed by the receiver from the shared seed)."""
-    out: dict[str, Entry] = {k: Dense(t.detach()[keep[k]]) for k, t in tensors.items()}  # 32·kept
-    return out | {KEEP + k: Free(keep[k]) for k in tensors}  # 0 bits
-
-
-def keep_masks(decoded: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The keep masks of a decoded :func:`encode_kept` message, by parameter."""
-    return {k.removeprefix(KEEP): v for k, v in decoded.items() if k.startswith(KEEP)}
-
-
-def decode_kept(decoded: Mapping[str, Tensor]) -> Params:
-    """Inverse of :func:`encode_kept`: full tensors, zeros off the keep masks."""
-    out: Params = {}
-    for name, keep in keep_masks(decoded).items():
-        out[name] = decoded[name].new_zeros(keep.shape)
-        out[name][keep] = decoded[name]
-    return out
-
-
-KEPT = "kept."  # a client's full-shape keep masks in its local job
-
-
-def masked_grads(full: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``g ⊙ keep``: the gradient of a client's sub-model (its keep masks from ``full``)."""
-    return {k: g * full[KEPT + k] for k, g in grads.items()}
-
-
-SUBMODEL = _jobs.LocalProgram(grad_hook=masked_grads)  # masked SGD: dropped entries stay 0
-
-
-def submodel_job(
-    down: Mapping[str, Tensor],
-    data: ClientData,
-    ctx: ClientContext,
-    finish: Callable[[_jobs.JobResult, Params, dict[str, Tensor]], ClientResult],
-    *,
-    program: _jobs.LocalProgram = SUBMODEL,
-    extra: Callable[[Params], dict[str, Tensor]] | None = None,
-) -> _jobs.LocalJob:
-    """Masked local SGD on a decoded :func:`encode_kept` downlink, as a job: gradients of the
-    dropped entries are masked (per client: its keep masks ride in ``frozen``), so they stay
-    zero. ``finish(result, sub-model it started from, keep masks)`` makes the client result;
-    ``program`` must mask gradients with :func:`masked_grads`; ``extra(sub)`` adds per-client
-    tensors its hooks read."""
-    sub = decode_kept(down)
-    keep = keep_masks(down)
-    batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
-    frozen = {KEPT + k: m for k, m in keep.items()}
-    if extra is not None:
-        frozen.update(extra(sub))
-    return _jobs.new_job(
-        program, sub, data, ctx.local, batches, lambda res: finish(res, sub, keep), frozen=frozen
-    )
-
-
-def submodel_result(
-    trained: Mapping[str, Tensor],
-    sub: Mapping[str, Tensor],
-    keep: Mapping[str, Tensor],
-    data: ClientData,
-    metrics: Mapping[str, float],
-    prefix: str,
-) -> ClientResult:
-    """A sub-model client's result: the update on the kept entries up (32 bits each, the keep
-    masks free), the trained sub-model as its local model, ``<prefix>/submodel_fraction``."""
-    held = sum(int(m.sum()) for m in keep.values()) / sum(m.numel() for m in keep.values())
-    return ClientResult(
-        uplink=Payload(encode_kept({k: trained[k] - sub[k] for k in sub}, keep)),
-        state=None,
-        local_params=dict(trained),
-        num_examples=data.num_examples,
-        metrics={**metrics, f"{prefix}/submodel_fraction": held},
-    )
-
-
-def unit_layers(model: nn.Module | None) -> tuple[GroupSpec, ...]:
-    """``rows(model)`` if ``model`` is a sequential Linear/Conv chain, else ValueError."""
-    specs = tuple(rows(model)) if isinstance(model, MLP | ConvNet) else ()
-    params = dict(model.named_parameters()) if model is not None else {}
-    pairs = itertools.pairwise(specs)
-    if not specs or any(params[b.members[0][0]].shape[1] % a.count for a, b in pairs):
-        raise ValueError(
-            "feddrop supports the sequential models mlp, cnn and mnist_cnn (and needs the model "
-            f"in the round context), not {type(model).__name__}: FedDrop for residual or "
-            "recurrent models is not implemented"
-        )
-    return specs
-
-
-def validate_model(model: nn.Module) -> None:
-    unit_layers(model)  # raises ValueError
-
-
-def drop_counts(
-    layers: Sequence[GroupSpec], conv_rate: float, fc_rate: float, drop_output: bool
-) -> dict[str, int]:
-    """Units dropped per layer: ``floor(rate·count + 1/2)``, keeping at least one unit.
-
-    Every conv layer's filters and every hidden FC layer's units are dropped (Caldas et al.
-    2018); the network's input features are never dropped, the output layer only with
-    ``drop_output``."""
-    counts = {}
-    for s in layers:
-        rate = conv_rate if s.kind == "filter" else fc_rate
-        rate = 0.0 if s.is_output and not drop_output else rate
-        counts[s.name] = min(math.floor(rate * s.count + 0.5), s.count - 1)
-    return counts
-
-
-def select_units(
-    layers: Sequence[GroupSpec], counts: Mapping[str, int], seed: int, round_: int, client_id: int
-) -> dict[str, Tensor]:
-    """Keep masks ``(count,)`` per layer from ``(seed, ALGORITHM, round_, client_id)``."""
-    g = torch_generator(seed, Stream.ALGORITHM, round_, client_id)
-    keep = {}
-    for spec in layers:
-        mask = torch.ones(spec.count, dtype=torch.bool, device=g.device)  # drawn on g's device
-        mask[torch.randperm(spec.count, generator=g, device=g.device)[: counts[spec.name]]] = False
-        keep[spec.name] = mask
-    return keep
-
-
-def param_masks(
-    layers: Sequence[GroupSpec], keep: Mapping[str, Tensor], params: Mapping[str, Tensor]
-) -> dict[str, Tensor]:
-    """Full-shape bool masks of the sub-model: kept rows of each layer and, in the next layer,
-    the input columns reading them."""
-    masks = {n: torch.ones_like(t, dtype=torch.bool) for n, t in params.items()}
-    for i, spec in enumerate(layers):
-        for name, m in expand_mask(spec, keep[spec.name], params).items():
-            masks[name] = masks[name] & m.bool()
-        if i + 1 < len(layers):  # the next layer's weight, axis 1: `reads` columns per unit
-            nxt = layers[i + 1].members[0][0]
-            reads = params[nxt].shape[1] // spec.count
-            shape = [1, -1] + [1] * (params[nxt].dim() - 2)
-            masks[nxt] = masks[nxt] & keep[spec.name].to(masks[nxt].device).repeat_interleave(
-                reads
-            ).view(shape)
-    return masks
+from fedcomm.server_opt import ServerOptConfig
 
 
 class Config(AlgorithmConfig):
@@ -212,79 +59,26 @@ class Config(AlgorithmConfig):
     weighting: Literal["uniform", "num_examples"] = "uniform"  # the paper: plain mean
 
 
-@dataclass(frozen=True)
-class ServerState:
-    params: Params
-    opt_state: OptState
-    layers: tuple[GroupSpec, ...]
+def select_units(
+    layers: Sequence[GroupSpec], counts: Mapping[str, int], seed: int, round_: int, client_id: int
+) -> dict[str, Tensor]:
+    """Keep masks ``(count,)`` per layer from ``(seed, ALGORITHM, round_, client_id)``: the
+    ``counts[layer]`` units first in a uniformly random permutation are dropped (the ranking is
+    the permutation reversed), layer by layer."""
+    g = torch_generator(seed, Stream.ALGORITHM, round_, client_id)
 
+    def random_rank(spec: GroupSpec, n_keep: int) -> Tensor:
+        return torch.randperm(spec.count, generator=g, device=g.device).flip(0)
 
-def aggregate(
-    deltas: Sequence[Mapping[str, Tensor]],
-    masks: Sequence[Mapping[str, Tensor]],
-    weights: Sequence[float],
-    how: str,
-) -> tuple[Params, dict[str, Tensor]]:
-    """``(Δ, held by any client)``: ``Δ = Σ w_k δ_k / Σ w_k`` over the holders (``held``) or all
-    clients (``all``); where every client holds an entry both are the plain weighted mean."""
-    mean = weighted_mean(deltas, weights)  # Σ_k w_k δ_k / Σ_k w_k, 0 where nobody holds
-    share = torch.tensor(weights, device=deltas[0][next(iter(deltas[0]))].device) / sum(weights)
-    out, held = {}, {}
-    for k, m in mean.items():
-        stacked = torch.stack([mk[k] for mk in masks])  # (K, *shape) bool
-        held[k] = stacked.any(0)
-        frac = (stacked * share.view(-1, *[1] * m.dim())).sum(0).clamp_min(1e-12)
-        out[k] = m if how == "all" else torch.where(stacked.all(0), m, m / frac)
-    return out, held
-
-
-def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
-    """The sub-model a client uploaded: its download plus its delta (zeros off the sub-model)."""
-    delta = decode_kept(up)
-    return {k: w + delta[k] for k, w in decode_kept(down).items()}
+    return select(layers, {s.name: s.count - counts[s.name] for s in layers}, random_rank)
 
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    opt = cfg.server.build()
-
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
-        return ServerState(clone_params(params), opt.init(params), unit_layers(ctx.model))
-
-    def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
+    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         counts = drop_counts(state.layers, cfg.conv_rate, cfg.fc_rate, cfg.drop_output)
-        keep = select_units(state.layers, counts, ctx.seed, ctx.round_, client_id)
-        return Payload(encode_kept(state.params, param_masks(state.layers, keep, state.params)))
+        return select_units(state.layers, counts, ctx.seed, ctx.round_, client_id)
 
-    def client_job(
-        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> _jobs.LocalJob:
-        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
-            return submodel_result(res.live, sub, keep, data, {"train/loss": res.loss}, "feddrop")
-
-        return submodel_job(down, data, ctx, finish)
-
-    def server_update(
-        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
-    ) -> ServerState:
-        deltas = [decode_kept(u.tensors) for u in uplinks]
-        masks = [keep_masks(u.tensors) for u in uplinks]
-        weights = client_weights(uplinks, cfg.weighting)
-        delta, held = aggregate(deltas, masks, weights, cfg.aggregate)
-        step, opt_state = opt.update(delta, state.opt_state)
-        step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}
-        return ServerState(apply_step(state.params, step), opt_state, state.layers)
-
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
-        init_server=init_server,
-        init_client=lambda client_id: None,
-        broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
-        client_job=client_job,
-        server_update=server_update,
-        global_params=lambda s: s.params,
-        uploaded_model=uploaded_model,
-        validate_model=validate_model,
+    return _submodel.algorithm(
+        cfg, _submodel.Selection(keep), masked_mean(cfg.aggregate), weighting=cfg.weighting
     )

@@ -8,12 +8,12 @@ original per-client E-UCB bandit).
 Round ``t``, client ``k``:
 
 * the server structurally prunes the global model ``w_t``: in every hidden FC layer and conv
-  layer of ``feddrop.unit_layers(model)`` it removes the ``round(p·n)`` of the ``n`` units (FC
+  layer of ``unit_layers(model)`` it removes the ``round(p·n)`` of the ``n`` units (FC
   rows, conv filters) with the smallest L1 norm (:func:`prune_units`: over the unit's weight
   row/filter and its bias, each layer scored on the unpruned ``w_t``; ties go to the lower
   index). The output layer stays full (§2.7). Removing a unit also removes the next layer's
-  input columns reading it (:func:`feddrop.param_masks`). With a fixed ratio every client of a
-  round gets the same sub-model;
+  input columns reading it (:func:`._submodel_units.param_masks`). With a fixed ratio every
+  client of a round gets the same sub-model;
 * down: the sub-model's values (32 bits each) and its pattern: the client does not have ``w_t``
   and cannot recompute it, so the hidden layers' unit masks are sent as ``Mask`` (1 bit per
   hidden unit, counted); the full-shape parameter masks follow from them and the model
@@ -33,31 +33,20 @@ Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``), like FedDr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, feddrop
-from fedcomm.algorithms.afd import pattern_entries, submodel_fraction
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
-    FedAlgorithm,
-    RoundContext,
-    Uplink,
-    client_weights,
-    clone_params,
-    register,
-    weighted_mean,
-)
-from fedcomm.comm.payload import Payload
+from fedcomm.algorithms import _submodel
+from fedcomm.algorithms._context import RoundContext
+from fedcomm.algorithms._submodel_merge import recovered_mean
+from fedcomm.algorithms._submodel_units import keep_counts, select
+from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, register, weighted_mean
+from fedcomm.comm.payload import Mask
 from fedcomm.models.groups import GroupSpec
-from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
+from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
 
 
@@ -68,16 +57,6 @@ class Config(AlgorithmConfig):
         0.2, ge=0, lt=1, description="fraction of hidden FC units / conv filters pruned"
     )
     weighting: Literal["num_examples", "uniform"] = "num_examples"
-
-
-@dataclass(frozen=True)
-class ServerState:
-    params: Params
-    opt_state: OptState
-    layers: tuple[GroupSpec, ...]
-
-
-# --- pure pieces ------------------------------------------------------------------------------
 
 
 def unit_l1_norms(spec: GroupSpec, params: Mapping[str, Tensor]) -> Tensor:
@@ -91,14 +70,11 @@ def prune_units(
 ) -> dict[str, Tensor]:
     """Unit keep masks: per hidden layer the ``round(p·n)`` smallest-L1 units pruned (stable:
     among equal norms the lower index goes first), the output layer full."""
-    dropped = feddrop.drop_counts(layers, conv_rate=p, fc_rate=p, drop_output=False)
-    keep = {}
-    for spec in layers:
-        order = torch.argsort(unit_l1_norms(spec, params), stable=True)
-        mask = torch.ones(spec.count, dtype=torch.bool, device=order.device)
-        mask[order[: dropped[spec.name]]] = False
-        keep[spec.name] = mask
-    return keep
+
+    def by_l1(spec: GroupSpec, n_keep: int) -> Tensor:  # largest first, ties: higher index
+        return torch.argsort(unit_l1_norms(spec, params), stable=True).flip(0)
+
+    return select(layers, keep_counts(layers, p), by_l1)
 
 
 def recover(global_params: Mapping[str, Tensor], sub: Params, keep: Mapping[str, Tensor]) -> Params:
@@ -112,62 +88,21 @@ def r2sp(
     keeps: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
 ) -> Params:
-    """The R2SP aggregate: the weighted mean of the recovered sub-models."""
+    """The R2SP aggregate: the weighted mean of the recovered sub-models (the server computes
+    it as ``w`` plus the mean delta: :func:`._submodel_merge.recovered_mean`)."""
     recovered = [recover(global_params, s, k) for s, k in zip(subs, keeps, strict=True)]
     return weighted_mean(recovered, weights)
 
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    opt = cfg.server.build()
+    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
+        return prune_units(state.layers, state.params, cfg.p)  # the same for every client
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
-        return ServerState(clone_params(params), opt.init(params), feddrop.unit_layers(ctx.model))
-
-    def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
-        keep = prune_units(state.layers, state.params, cfg.p)
-        masks = feddrop.param_masks(state.layers, keep, state.params)
-        pattern = pattern_entries(state.layers, keep, counted=True)  # 1 bit per hidden unit
-        return Payload(feddrop.encode_kept(state.params, masks) | pattern)
-
-    def client_job(
-        down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
-    ) -> _jobs.LocalJob:
-        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
-            delta = feddrop.encode_kept({k: res.live[k] - sub[k] for k in sub}, keep)
-            return ClientResult(
-                uplink=Payload(delta),
-                state=None,
-                local_params=res.live,
-                num_examples=data.num_examples,
-                metrics={
-                    "train/loss": res.loss,
-                    "fedmp/submodel_fraction": submodel_fraction(keep),
-                },
-            )
-
-        return feddrop.submodel_job(down, data, ctx, finish)
-
-    def server_update(
-        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
-    ) -> ServerState:
-        # recovered_k − w_t is the client's delta with zeros at its pruned positions, so the mean
-        # of the decoded deltas is r2sp(...) − w_t (computed without the round trip through w_t)
-        deltas = [feddrop.decode_kept(u.tensors) for u in uplinks]
-        delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
-        step, opt_state = opt.update(delta, state.opt_state)
-        return ServerState(apply_step(state.params, step), opt_state, state.layers)
-
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
-        init_server=init_server,
-        init_client=lambda client_id: None,
-        broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
-        client_job=client_job,
-        server_update=server_update,
-        global_params=lambda s: s.params,
-        uploaded_model=feddrop.uploaded_model,
-        validate_model=feddrop.validate_model,
+    return _submodel.algorithm(
+        cfg,
+        _submodel.Selection(keep),
+        recovered_mean,
+        weighting=cfg.weighting,
+        pattern=Mask,  # the client cannot recompute w_t's ranking: 1 bit per hidden unit
     )

@@ -5,7 +5,8 @@ Federated Learning under Heterogeneous Targets with Ordered Dropout", NeurIPS 20
 baseline of FedBIAD (specs/fedsparse-fedbiad.md §2.5, output layer full as in §2.7).
 
 The width-``q`` sub-model keeps the first ``ceil(q·K_l)`` units of every hidden layer (inputs
-and the output layer full), the nested slices of :func:`heterofl.slice_masks`.
+and the output layer full), the nested slices of HeteroFL's ordered rule
+(:func:`._submodel_units.slice_masks`).
 
 * down: the ``q_max`` slice of the global model (32 bits per value; the slice follows from
   ``q_max``: 0-bit ``Free`` pattern); up: the delta of local training on the same entries;
@@ -27,39 +28,20 @@ Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import torch
 from pydantic import Field, field_validator, model_validator
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
-    FedAlgorithm,
-    RoundContext,
-    Uplink,
-    client_weights,
-    clone_params,
-    register,
-    weighted_mean,
-)
-from fedcomm.algorithms.feddrop import (
-    decode_kept,
-    encode_kept,
-    keep_masks,
-    submodel_result,
-    uploaded_model,
-)
-from fedcomm.algorithms.heterofl import sequential_layers, slice_masks, validate_model
-from fedcomm.comm.payload import Payload
+from fedcomm.algorithms import _jobs, _local, _submodel
+from fedcomm.algorithms._context import ClientContext, ClientData, ClientResult, RoundContext
+from fedcomm.algorithms._submodel_codec import decode_kept, keep_masks
+from fedcomm.algorithms._submodel_merge import nested
+from fedcomm.algorithms._submodel_merge import nested_aggregate as nested_aggregate
+from fedcomm.algorithms._submodel_units import first_units, slice_masks, unit_layers
+from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, register
 from fedcomm.models.groups import GroupSpec
-from fedcomm.server_opt import OptState, apply_step
-from fedcomm.types import Params
 
 Level = Annotated[float, Field(gt=0, le=1)]
 
@@ -87,13 +69,6 @@ class Config(AlgorithmConfig):
         return self
 
 
-@dataclass(frozen=True)
-class ServerState:
-    params: Params
-    opt_state: OptState
-    layers: tuple[GroupSpec, ...]
-
-
 def allowed_levels(levels: Sequence[float], q_max: float) -> list[float]:
     """The widths a client with ``q_max`` trains: ``{q ∈ levels : q ≤ q_max}``, ascending."""
     return sorted(q for q in levels if q <= q_max)
@@ -108,34 +83,14 @@ def sample_widths(
     return [allowed[int(i)] for i in idx]
 
 
-def nested_aggregate(
-    deltas: Sequence[Mapping[str, Tensor]],
-    masks: Sequence[Mapping[str, Tensor]],
-    weights: Sequence[float],
-    level_masks: Sequence[Mapping[str, Tensor]],
-) -> tuple[Params, dict[str, Tensor]]:
-    """``(Δ, covered)``: on the block of level ``i`` (``level_masks[i] & ~level_masks[i-1]``,
-    levels ascending and nested), ``Δ`` is the ``weights``-weighted mean of the deltas of the
-    clients whose mask covers all of ``level_masks[i]``; 0 and not covered where no client does.
-    """
-    out = {k: torch.zeros_like(v) for k, v in deltas[0].items()}
-    covered = {k: torch.zeros_like(v, dtype=torch.bool) for k, v in deltas[0].items()}
-    prev: Mapping[str, Tensor] = {k: torch.zeros_like(v) for k, v in covered.items()}
-    for level in level_masks:
-        holders = [
-            i for i, m in enumerate(masks) if all(bool((m[k] | ~level[k]).all()) for k in level)
-        ]
-        if holders:
-            mean = weighted_mean([deltas[i] for i in holders], [weights[i] for i in holders])
-            for k in out:
-                block = level[k] & ~prev[k]
-                out[k] = torch.where(block, mean[k], out[k])
-                covered[k] = covered[k] | block
-        prev = level
-    return out, covered
-
-
 WIDTH = "width."  # the step's width-q slice masks in a client's local job (one per step)
+
+
+def width_masks(
+    layers: Sequence[GroupSpec], q: float, sub: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """The width-``q`` slice masks of a step, in the parameters' dtype (``width.<param>``)."""
+    return {WIDTH + k: m.to(sub[k].dtype) for k, m in slice_masks(layers, q, sub).items()}
 
 
 def _width_masked(full: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -148,64 +103,36 @@ PROGRAM = _jobs.LocalProgram(param_map=_width_masked)
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    opt = cfg.server.build()
-
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
-        layers = sequential_layers(ctx.model, cfg.name)
-        return ServerState(clone_params(params), opt.init(params), layers)
-
-    def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
-        return Payload(
-            encode_kept(state.params, slice_masks(state.layers, cfg.q_max, state.params))
-        )
-
     def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
     ) -> _jobs.LocalJob:
-        sub = decode_kept(down)
-        keep = keep_masks(down)
-        layers = sequential_layers(ctx.model, cfg.name)
-        masks = {
-            q: {WIDTH + k: m.to(sub[k].dtype) for k, m in slice_masks(layers, q, sub).items()}
-            for q in allowed_levels(cfg.levels, cfg.q_max)
-        }
+        """Ordered dropout: each local batch trains the sub-model of a width drawn after the
+        batch schedule from the client's generator."""
+        sub, keep = decode_kept(down), keep_masks(down)
+        layers = unit_layers(ctx.model, cfg.name)
+        masks = {q: width_masks(layers, q, sub) for q in allowed_levels(cfg.levels, cfg.q_max)}
         batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
         widths = sample_widths(cfg.levels, cfg.q_max, len(batches), ctx.generator)
         upcoming = iter(widths)
-
-        def draws() -> dict[str, Tensor]:  # the step's width (drawn up front, in step order)
-            return masks[next(upcoming)]
 
         def finish(res: _jobs.JobResult) -> ClientResult:
             params = {k: res.live[k] for k in sub}
             mean_width = sum(widths) / len(widths) if widths else float("nan")
             metrics = {"train/loss": res.loss, "fjord/mean_width": mean_width}
-            return submodel_result(params, sub, keep, data, metrics, "fjord")
+            return _submodel.submodel_result(params, sub, keep, data, metrics, cfg.name)
+
+        def draws() -> dict[str, Tensor]:  # the step's width (drawn up front, in step order)
+            return masks[next(upcoming)]
 
         return _jobs.new_job(PROGRAM, sub, data, ctx.local, batches, finish, draws=draws)
 
-    def server_update(
-        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
-    ) -> ServerState:
-        deltas = [decode_kept(u.tensors) for u in uplinks]
-        masks = [keep_masks(u.tensors) for u in uplinks]
-        levels = [slice_masks(state.layers, q, state.params) for q in cfg.levels]
-        weights = client_weights(uplinks, "num_examples")
-        delta, covered = nested_aggregate(deltas, masks, weights, levels)
-        step, opt_state = opt.update(delta, state.opt_state)
-        step = {k: torch.where(covered[k], s, 0.0) for k, s in step.items()}
-        return ServerState(apply_step(state.params, step), opt_state, state.layers)
+    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
+        return first_units(state.layers, cfg.q_max)
 
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
-        init_server=init_server,
-        init_client=lambda client_id: None,
-        broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
+    return _submodel.algorithm(
+        cfg,
+        _submodel.Selection(keep),
+        nested(cfg.levels),
+        weighting="num_examples",
         client_job=client_job,
-        server_update=server_update,
-        global_params=lambda s: s.params,
-        uploaded_model=uploaded_model,
-        validate_model=lambda model: validate_model(model, cfg.name),
     )
