@@ -1,0 +1,190 @@
+"""FedBIAD's rows and dropping patterns ``β``: which rows can drop, how many each layer keeps,
+the two stages' patterns and the score vector ``E`` (Algorithm 1, lines 10-26; Eqs. 8-9).
+
+Rows (``models.groups.rows``): Linear ``W[j,:]`` + ``b[j]``, conv filters, the rows of the
+recurrent layers' matrices with their bias rows (which matrices: ``lstm_rows``), embedding
+dimensions; the output layer's rows only with ``drop_output_layer``. Every layer keeps exactly
+``ceil((1 − p)·rows_l)`` rows (spec Rec, ``pattern_scope: layer``; ``global`` keeps
+``ceil((1 − p)·J)`` rows over all J rows, the paper's ``Z``, exactly ``ceil((1 − p)·rows_l)`` in
+expectation per layer).
+
+``lstm_rows`` (recurrent layers: LSTM, GRU, RNN): ``hh`` (default) drops rows of the recurrent
+matrices ``weight_hh_l*`` (with ``bias_hh_l*``) only and always sends ``weight_ih_l*`` /
+``bias_ih_l*`` whole; ``ih`` the reverse; ``both`` drops rows of every recurrent matrix. The paper
+"adaptively drops partial weight rows for recurrent connections" and reports, at p = 0.5, 16.4 of
+29.8 MB on PTB (1.82x) and 39.1 of 75.3 MB on WikiText-2; for its Embedding(10000, 300) -> 2x
+LSTM(300) -> Linear(300, 10000) model (N = 7,454,800) ``hh`` uploads 32·4,088,600 + 12,700 =
+130,847,900 bits (16.36 of 29.82 MB, 1.823x; with the ~28.9k-word vocabulary that makes the
+model 75.3 MB, 39.1 MB: both of the paper's sizes at its rounding), ``both`` 32·3,727,400 +
+15,100 = 119,291,900 bits (14.91 MB, 2.00x), ``both`` without ``drop_output_layer`` 1.42x:
+neither matches. (``ih`` uploads as much as ``hh`` when the LSTM's input and hidden sizes are
+equal; ``hh`` is the paper's "recurrent connections".)
+
+Patterns are ``{layer: (rows_l,) bool}``. The selection rules are standalone, in the shape of
+the sub-model dropout family's rules: :func:`score_ranking` ranks one layer's rows (best first,
+ties at random), :func:`first_rows` keeps a ranking's first ``k``, and stage two's rule
+:func:`top_by_score` maps ``(scores per layer, keep counts per layer, generator)`` to
+``{layer: (rows_l,) bool}``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from fedcomm.models.groups import GroupSpec, rows
+
+_RECURRENT = re.compile(r"weight_(ih|hh|hr)_l\d+(?:_reverse)?")  # nn.RNNBase's matrices
+
+
+# --- the droppable rows -----------------------------------------------------------------------
+
+
+def recurrent_matrix(spec: GroupSpec) -> str | None:
+    """``"ih"``, ``"hh"`` (or ``"hr"``, an LSTM projection) for the rows of a recurrent layer's
+    matrix ``weight_ih_l{k}`` / ``weight_hh_l{k}`` (``_reverse`` too), None for other rows."""
+    match = _RECURRENT.fullmatch(spec.members[0][0].rsplit(".", 1)[-1])
+    return match.group(1) if match else None
+
+
+def row_specs(
+    model: nn.Module | None,
+    drop_output_layer: bool,
+    lstm_rows: Literal["hh", "ih", "both"] = "hh",
+) -> tuple[GroupSpec, ...]:
+    """The droppable row layers of ``model``: the output layer only with ``drop_output_layer``;
+    of a recurrent layer's matrices only ``weight_hh`` (``lstm_rows="hh"``), only ``weight_ih``
+    (``"ih"``) or all of them (``"both"``). Parameters in no droppable row are sent whole."""
+    if model is None:
+        raise ValueError("fedbiad needs the model structure in the round context")
+    return tuple(
+        s
+        for s in rows(model)
+        if (drop_output_layer or not s.is_output)
+        and (lstm_rows == "both" or recurrent_matrix(s) in (None, lstm_rows))
+    )
+
+
+def validate_model(model: nn.Module) -> None:
+    if not rows(model):
+        raise ValueError(f"fedbiad: {type(model).__name__} has no weight rows to drop")
+
+
+def kept_count(count: int, p: float) -> int:
+    """``ceil((1 − p)·count)`` (guarded against float noise such as 0.7·10 = 7.000000000000001)."""
+    return max(1, math.ceil(round((1.0 - p) * count, 9))) if count else 0
+
+
+def keep_counts(specs: Sequence[GroupSpec], p: float) -> dict[str, int]:
+    """Rows kept per layer: ``ceil((1 − p)·rows_l)``."""
+    return {s.name: kept_count(s.count, p) for s in specs}
+
+
+def _split(flat: Tensor, specs: Sequence[GroupSpec]) -> dict[str, Tensor]:
+    """A ``(J,)`` mask over all rows back to ``{layer: (rows_l,)}``."""
+    return dict(zip([s.name for s in specs], flat.split([s.count for s in specs]), strict=True))
+
+
+# --- the selection rules: {layer: keep count} -> {layer: (rows_l,) bool} ----------------------
+
+
+def first_rows(ranking: Tensor, k: int, count: int) -> Tensor:
+    """Bool ``(count,)`` mask of the first ``k`` rows of ``ranking`` (row indices, best first)."""
+    mask = torch.zeros(count, dtype=torch.bool, device=ranking.device)
+    mask[ranking[:k]] = True
+    return mask
+
+
+def random_rows(count: int, k: int, generator: torch.Generator) -> Tensor:
+    """Bool ``(count,)`` mask of ``k`` rows drawn uniformly without replacement."""
+    return first_rows(torch.randperm(count, generator=generator, device=generator.device), k, count)
+
+
+def score_ranking(scores: Tensor, generator: torch.Generator) -> Tensor:
+    """Row indices ``(count,)`` by descending score, ties in uniformly random order."""
+    perm = torch.randperm(scores.numel(), generator=generator, device=generator.device)
+    return perm[torch.sort(scores[perm], descending=True, stable=True).indices]
+
+
+def top_rows(scores: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """Bool mask of the ``k`` highest scores, ties broken uniformly at random."""
+    return first_rows(score_ranking(scores, generator), k, scores.numel())
+
+
+def top_by_score(
+    scores: Mapping[str, Tensor], keep: Mapping[str, int], generator: torch.Generator
+) -> dict[str, Tensor]:
+    """Per layer, the ``keep[layer]`` rows with the highest ``scores[layer]`` ``(rows_l,)``,
+    ties at random (layers in ``keep``'s order, which fixes the generator's draws)."""
+    return {name: top_rows(scores[name], k, generator) for name, k in keep.items()}
+
+
+# --- the two stages' patterns ------------------------------------------------------------------
+
+
+def random_pattern(
+    specs: Sequence[GroupSpec], p: float, generator: torch.Generator, scope: str = "layer"
+) -> dict[str, Tensor]:
+    """Stage one's ``β``, uniformly random: exactly ``ceil((1 − p)·rows_l)`` per layer
+    (``layer``), or ``ceil((1 − p)·J)`` over all J rows (``global``)."""
+    if scope == "global":
+        total = sum(s.count for s in specs)
+        return _split(random_rows(total, kept_count(total, p), generator), specs)
+    return {s.name: random_rows(s.count, kept_count(s.count, p), generator) for s in specs}
+
+
+def score_pattern(
+    specs: Sequence[GroupSpec],
+    scores: Mapping[str, Tensor],
+    p: float,
+    generator: torch.Generator,
+    scope: str = "layer",
+) -> dict[str, Tensor]:
+    """Stage two's ``β``: the top rows by ``E`` per layer (``layer``) or over all rows
+    (``global``), exactly as many as :func:`random_pattern` keeps."""
+    if scope == "global":
+        flat = torch.cat([scores[s.name] for s in specs])
+        return _split(top_rows(flat, kept_count(flat.numel(), p), generator), specs)
+    return top_by_score(scores, keep_counts(specs, p), generator)
+
+
+# --- stage one's loss trend and the score vector E ----------------------------------------------
+
+
+def is_check_point(v: int, tau: int) -> bool:
+    """Algorithm 1, line 18: ``v > τ`` and ``v mod τ = 0`` (i.e. ``v = 2τ, 3τ, …``)."""
+    return v > tau and v % tau == 0
+
+
+def trend(losses: Sequence[float], tau: int) -> float:
+    """Eq. 8 as a mean: ``mean(last τ losses) − mean(the τ before)``."""
+    if len(losses) < 2 * tau:
+        raise ValueError(f"trend needs 2τ = {2 * tau} losses, got {len(losses)}")
+    last, before = losses[len(losses) - tau :], losses[len(losses) - 2 * tau : len(losses) - tau]
+    return sum(last) / tau - sum(before) / tau
+
+
+def score_update(
+    losses_window: Sequence[float], beta_now: Tensor, beta_next: Tensor, scores: Tensor
+) -> Tensor:
+    """Eq. 9 at a check point, from the last ``2τ`` losses: every row held now (``β^v_j = 1``)
+    gains 1 if ``ΔL ≤ 0``, else ``1[β^{v+1}_j = 1]``. Returns new scores."""
+    if len(losses_window) % 2:
+        raise ValueError("losses_window must hold 2τ losses")
+    delta = trend(losses_window, len(losses_window) // 2)
+    gain = torch.ones_like(scores) if delta <= 0 else beta_next.to(scores.dtype)
+    return scores + beta_now.to(scores.dtype) * gain
+
+
+def initial_scores(specs: Sequence[GroupSpec], held: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``E^k`` at the start of a round: a copy of the client's ``held`` scores, zeros for layers
+    it never scored (its first participation)."""
+    return {  # row scores live with the draws, on the CPU
+        s.name: held[s.name].clone() if s.name in held else torch.zeros(s.count, device="cpu")
+        for s in specs
+    }
