@@ -3,7 +3,8 @@
 Bibikar et al., "Federated Dynamic Sparse Training: Computing Less, Communicating Less, Yet
 Learning Better", AAAI 2022 (arXiv:2112.09824). The paper body was not available; behaviour
 follows the official code (bibikar/feddst @ 25d6184) as read in ``specs/feddst-progfed.md`` §1.
-Masks, layer budgets ``k_l(S)`` and messages: :mod:`fedcomm.algorithms._masks`.
+Equation numbers are the paper's (``papers/feddst.txt``): (2) the cosine ``α_r``, (3) the sparse
+weighted average. Masks, layer budgets ``k_l(S)`` and messages: :mod:`fedcomm.algorithms._masks`.
 
 * init: ``m_0`` = layer-wise magnitude pruning of ``θ_0`` to ``k_l(S)`` (``distribution``);
 * client: local SGD (``train.local``: lr, momentum, weight decay; a fresh optimizer each round)
@@ -27,13 +28,9 @@ with ``R = train.rounds`` (the code's default; :meth:`Config.with_rounds`, calle
 :data:`DEFAULT_READJUST_END` (200, the code's ``R // 2`` at its default ``R = 400``) when the
 algorithm is built without a run.
 
-Communication (spec §1(c); ``N_m`` maskable weights, ``B`` bias/other entries, 32-bit values):
-
-* down: ``32·d·N_m + 32·B`` (active global values + biases), plus ``N_m`` mask bits iff the
-  client's mask (a digest in its state; all ones before its first participation) differs from
-  the global mask. Round 1's values are ``Free`` (``free_initial_download``: ``θ_0`` is a seed);
-* up: ``32·d_k·N_m + 32·B``, plus the mask in rounds the client readjusted: ``N_m`` bits
-  (``upload_mask: sent``) or ``d_k·N_m`` bits (``kept``, the code's count).
+Communication (spec §1(c)): the active values and biases each way, the mask only when the
+receiver lacks it (down: the client's mask differs from the global one; up: rounds it readjusted);
+the rule in full: :mod:`fedcomm.algorithms._feddst_comm`.
 
 Flags for the spec's surprises (§1(e)), defaults faithful to the code: ``alpha_schedule``
 (gate_only), ``grow_candidates`` (``all``: active entries may be re-grown and reset to 0, so a
@@ -49,60 +46,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import Tensor, nn
-from torch.func import functional_call
 
-from fedcomm.algorithms import _jobs, _local, _masks
+from fedcomm.algorithms import _feddst_client, _jobs, _masks
+from fedcomm.algorithms._feddst_client import ClientShared, ClientState, frozen_masks, masks_of
+from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
 from fedcomm.algorithms._masks import Masks
-from fedcomm.algorithms._reuse import Reused
+from fedcomm.algorithms._sparse_train import SparseConfig, churn, layers_of, validate_model
 from fedcomm.algorithms.base import (
-    AlgorithmConfig,
     ClientContext,
     ClientData,
-    ClientResult,
     FedAlgorithm,
     Message,
     RoundContext,
     Uplink,
     WarmStartContext,
     client_weights,
+    job_algorithm,
     register,
 )
 from fedcomm.comm.payload import Payload
-from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
 
 DEFAULT_READJUST_END = 200  # the code's R // 2 at its default R = 400 rounds
 
 
-class SparseConfig(AlgorithmConfig):
-    """Fields shared by the fixed- and dynamic-mask algorithms."""
-
-    sparsity: float = Field(0.8, ge=0, lt=1, description="S: target sparsity of maskable weights")
-    distribution: _masks.Distribution = Field(
-        "official", description="layer budgets: the FedDST code's rule, RigL's ERK or uniform"
-    )
-    weighting: Literal["num_examples", "uniform"] = "num_examples"
-    free_initial_download: bool = Field(
-        True, description="round 1's values cost nothing (θ_0 is a seed); mask bits still paid"
-    )
-
-    @model_validator(mode="after")
-    def _no_server_optimizer(self) -> SparseConfig:
-        if self.server != ServerOptConfig():
-            raise ValueError(
-                f"{self.name} averages the kept weights directly and has no server optimizer; "
-                "remove `server`"
-            )
-        return self
-
-
-class Config(SparseConfig):
+class Config(SparseConfig):  # S, the layer budgets, the weighting: SparseConfig
     name: Literal["feddst"] = "feddst"
     alpha: float = Field(0.01, ge=0, le=1, description="α: readjustment ratio (README: 0.01)")
     readjust_every: int = Field(10, ge=1, description="ΔR: rounds between readjustments")
@@ -130,6 +105,51 @@ class Config(SparseConfig):
 
 
 @dataclass(frozen=True)
+class ServerState:
+    params: Params  # θ ⊙ m
+    masks: Masks
+    budgets: Mapping[str, int]  # k_l(S) the server prunes the union back to
+    digest: str  # of ``masks``
+    ones_digest: str  # of the all-ones mask clients start with
+    churn: float = 0.0  # fraction of maskable entries whose global bit changed this round
+    readjusted: bool = False
+
+
+# --- mask initialisation -------------------------------------------------------------------------
+
+
+def init_state(
+    cfg: SparseConfig, params: Params, model: nn.Module | None, dense: bool
+) -> ServerState:
+    """``m_0``: layer-wise magnitude pruning of ``θ_0`` to ``k_l(S)`` (all ones if ``dense``)."""
+    layers = layers_of(model)
+    budgets = _masks.layer_budgets(layers, cfg.sparsity, cfg.distribution)
+    ones = _masks.ones(layers, next(iter(params.values())).device)
+    masks = ones if dense else _masks.prune_to_budgets(params, ones, budgets)
+    return ServerState(
+        _masks.apply_masks(params, masks), masks, budgets, _masks.digest(masks), _masks.digest(ones)
+    )
+
+
+# --- the readjustment: annealed ratio, prune by magnitude, regrow by gradient --------------------
+
+
+def annealed_ratio(alpha: float, round_: int, end: int, schedule: str) -> float:  # Eq. 2
+    """``α_r``, 0 from ``R_end`` on: ``cosine`` ``α/2·(1 + cos(π r / R_end))`` (RigL's intent),
+    ``gate_only`` ``α`` (the code: the cosine only decides whether to readjust)."""
+    if round_ >= end or alpha <= 0:
+        return 0.0
+    if schedule == "cosine":
+        return alpha / 2 * (1 + math.cos(math.pi * round_ / end))
+    return alpha
+
+
+def pruned_sparsity(S: float, alpha_r: float) -> float:
+    """``S' = S + (1 − S)·α_r``: the sparsity a client prunes to before it regrows to ``S``."""
+    return S + (1 - S) * alpha_r
+
+
+@dataclass(frozen=True)
 class Readjustment:
     """When and how clients readjust their masks (absent: the mask is fixed)."""
 
@@ -142,57 +162,25 @@ class Readjustment:
     upload_mask: _masks.MaskCharge = "sent"
 
     def alpha_at(self, round_: int) -> float:
-        """``α_r``: the pruning ratio of round ``round_`` (0 from ``end`` on)."""
-        if round_ >= self.end or self.alpha <= 0:
-            return 0.0
-        if self.schedule == "cosine":
-            return self.alpha / 2 * (1 + math.cos(math.pi * round_ / self.end))
-        return self.alpha
+        """``α_r``: the pruning ratio of round ``round_`` (Eq. 2, :func:`annealed_ratio`)."""
+        return annealed_ratio(self.alpha, round_, self.end, self.schedule)
 
     def due(self, round_: int) -> bool:
+        """Rounds ``1, 1 + ΔR, …`` while ``α_r > 0``."""
         return (round_ - 1) % self.every == 0 and self.alpha_at(round_) > 0
 
 
-@dataclass(frozen=True)
-class ClientState:
-    mask_digest: str | None = None  # of the client's current mask; None = all ones (never seen)
+def prune(theta: Tensor, mask: Tensor, keep: int) -> Tensor:
+    """Magnitude pruning of one layer: its ``keep = k_l(S')`` largest ``|θ|`` among the active
+    entries."""
+    return _masks.top_k(theta.abs(), keep, mask)
 
 
-@dataclass(frozen=True)
-class ServerState:
-    params: Params  # θ ⊙ m
-    masks: Masks
-    budgets: Mapping[str, int]  # k_l(S) the server prunes the union back to
-    digest: str  # of ``masks``
-    ones_digest: str  # of the all-ones mask clients start with
-    churn: float = 0.0  # fraction of maskable entries whose global bit changed this round
-    readjusted: bool = False
-
-
-# --- pure pieces ---------------------------------------------------------------------------------
-
-
-def layers_of(model: nn.Module | None) -> tuple[_masks.MaskLayer, ...]:
-    if model is None:
-        raise ValueError("sparse training needs the model structure in the round context")
-    layers = _masks.maskable_layers(model)
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no Conv/Linear weights to mask")
-    return layers
-
-
-def validate_model(model: nn.Module) -> None:
-    layers_of(model)
-
-
-def ce_grads(
-    model: nn.Module, params: Mapping[str, Tensor], names: Sequence[str], x: Tensor, y: Tensor
-) -> dict[str, Tensor]:
-    """Dense gradient of plain mean CE w.r.t. the ``names`` tensors (masked entries included)."""
-    leaves = {k: params[k].detach().requires_grad_(True) for k in names}
-    logits = functional_call(model, {**params, **leaves}, (x,))
-    grads = torch.autograd.grad(_local.cross_entropy(logits, y), list(leaves.values()))
-    return dict(zip(leaves, grads, strict=True))
+def regrow(grad: Tensor, kept: Tensor, target: int, candidates: str) -> Tensor:
+    """``target − #kept`` entries (back to ``k_l(S)``) of largest ``|g|`` among ``candidates``:
+    ``all`` entries (the code: kept ones too) or the ``inactive`` ones."""
+    n_grow = max(0, target - int(kept.sum()))
+    return _masks.top_k(grad.abs(), n_grow, None if candidates == "all" else ~kept)
 
 
 def readjust(
@@ -203,47 +191,109 @@ def readjust(
     target: Mapping[str, int],
     candidates: str,
 ) -> tuple[Params, Masks]:
-    """Per layer: keep the ``keep[l]`` largest ``|θ|`` among active entries, then grow
-    ``target[l] − #kept`` entries by ``|g|`` among ``candidates`` (``all`` entries or the
-    ``inactive`` ones) and set them to 0. Returns new ``(θ ⊙ m, m)``."""
+    """Per layer: :func:`prune` to ``keep[l]``, :func:`regrow` to ``target[l]`` and set the grown
+    entries to 0. Returns new ``(θ ⊙ m, m)``."""
     new_params, new_masks = dict(params), {}
     for name, m in masks.items():
-        kept = _masks.top_k(params[name].abs(), keep[name], m)
-        n_grow = max(0, target[name] - int(kept.sum()))
-        pool = None if candidates == "all" else ~kept
-        grown = _masks.top_k(grads[name].abs(), n_grow, pool)
+        kept = prune(params[name], m, keep[name])
+        grown = regrow(grads[name], kept, target[name], candidates)
         new_masks[name] = kept | grown
         new_params[name] = torch.where(kept & ~grown, params[name], 0.0)
     return new_params, new_masks
 
 
-@dataclass
-class _Sent:
-    """The downlinks already encoded for one server state (they are the same for every client
-    with the same mask knowledge)."""
+def readjust_step(
+    cfg: SparseConfig,
+    adjust: Readjustment,
+    data: ClientData,
+    ctx: ClientContext,
+    names: Sequence[str],
+    i: int,
+    loss: float,
+    live: Mapping[str, Tensor],
+    frozen: Mapping[str, Tensor],
+    idx: Tensor,
+) -> tuple[Params, Params]:
+    """The client's readjustment after its step ``i`` (a job's ``after_step``): the dense CE
+    gradient on that step's minibatch ``idx``, then :func:`readjust`: prune to ``k_l(S')``,
+    regrow to ``k_l(S)``."""
+    S, layers = cfg.sparsity, layers_of(ctx.model)
+    s_prune = pruned_sparsity(S, adjust.alpha_at(ctx.round_))
+    current = masks_of(frozen, names)
+    grads = _feddst_client.ce_grads(ctx.model, live, list(current), data.x[idx], data.y[idx])
+    new_params, new_masks = readjust(
+        live,
+        current,
+        grads,
+        _masks.layer_budgets(layers, s_prune, cfg.distribution),
+        _masks.layer_budgets(layers, S, cfg.distribution),
+        adjust.candidates,
+    )
+    return {k: new_params[k] for k in new_masks}, frozen_masks(new_masks)
 
-    state: ServerState | None = None
-    payloads: dict[tuple[str, bool], Payload] = field(default_factory=dict)
+
+# --- the client ----------------------------------------------------------------------------------
 
 
-MASK = "mask."  # a client's current masks in its job's frozen tensors
+def client_job(
+    cfg: SparseConfig,
+    adjust: Readjustment | None,
+    shared: ClientShared,
+    down: Mapping[str, Tensor],
+    cstate: ClientState,
+    data: ClientData,
+    ctx: ClientContext,
+) -> _jobs.LocalJob:
+    """Local SGD on ``θ ⊙ m`` from the global model; in a readjustment round, readjust after
+    local epoch ``at_epoch`` (:func:`readjust_step`); upload ``(θ_k ⊙ m_k, m_k)``."""
+    params, masks = shared.downlink(down)
+    due = adjust is not None and adjust.due(ctx.round_)
+    batches, at = _feddst_client.plan(data, ctx, due, adjust.at_epoch if adjust else None)
+    now = adjust if at >= 0 else None  # readjusting in this job
+    upload_mask = now.upload_mask if now else None
+    finish = partial(_feddst_client.finish, cfg.name, upload_mask, shared, masks, data)
+    return _jobs.new_job(
+        shared.program,
+        params,
+        data,
+        ctx.local,
+        batches,
+        finish,
+        frozen=frozen_masks(masks),
+        after_step=partial(readjust_step, cfg, now, data, ctx, list(masks)) if now else None,
+        hook_steps=frozenset({at}) if now else frozenset(),
+    )
 
 
-def _masked_post(
-    live: dict[str, Tensor], frozen: Mapping[str, Tensor], before: Mapping[str, Tensor]
-) -> dict[str, Tensor]:
-    """``θ ← θ ⊙ m`` after every step (the masks are per client, read from ``frozen``)."""
+# --- the server ----------------------------------------------------------------------------------
+
+
+def aggregate(
+    state: ServerState, uplinks: Sequence[Uplink], weighting: str, readjusted: bool
+) -> ServerState:
+    """Sparse weighted average of the clients' ``θ_k ⊙ m_k`` over the union of their masks
+    (Eq. 3), magnitude-pruned back to ``k_l(S)``; ``θ ← θ ⊙ m``."""
+    decoded = [_masks.decode(u.tensors) for u in uplinks]
+    weights = client_weights(uplinks, weighting)
+    values, votes = [p for p, _ in decoded], [m for _, m in decoded]
+    avg, union = _masks.masked_average(values, votes, weights)  # Eq. 3
+    masks = _masks.prune_to_budgets(avg, union, state.budgets)  # the union back to k_l(S)
+    return replace(
+        state,
+        params=_masks.apply_masks(avg, masks),
+        masks=masks,
+        digest=_masks.digest(masks),
+        churn=churn(state.masks, masks),
+        readjusted=readjusted,
+    )
+
+
+def server_metrics(state: ServerState) -> dict[str, float]:
     return {
-        k: torch.where(frozen[MASK + k], v, 0.0) if MASK + k in frozen else v
-        for k, v in live.items()
+        "mask_churn": state.churn,
+        "density": _masks.density(state.masks),
+        "readjusted": float(state.readjusted),
     }
-
-
-def readjust_batch(num_batches: int, per_epoch: int, at_epoch: int | None) -> int:
-    """Index of the batch after which to readjust: the end of local epoch ``at_epoch`` (0-based;
-    None or past the end: the last batch)."""
-    last = num_batches - 1
-    return last if at_epoch is None else min(last, (at_epoch + 1) * per_epoch - 1)
 
 
 # --- the algorithm -------------------------------------------------------------------------------
@@ -262,141 +312,31 @@ def make(
 ) -> FedAlgorithm:
     """FedDST's functions; ``adjust=None`` keeps the mask fixed (RandomMask). ``dense_start``
     leaves ``m_0`` all ones for ``warm_start`` to set (GraSP)."""
-    S = cfg.sparsity
+    sent, shared = Downlinks(), ClientShared()
 
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
-        layers = layers_of(ctx.model)
-        budgets = _masks.layer_budgets(layers, S, cfg.distribution)
-        dense = _masks.ones(layers, next(iter(params.values())).device)
-        masks = dense if dense_start else _masks.prune_to_budgets(params, dense, budgets)
-        return ServerState(
-            _masks.apply_masks(params, masks),
-            masks,
-            budgets,
-            _masks.digest(masks),
-            _masks.digest(dense),
-        )
+        return init_state(cfg, params, ctx.model, dense_start)
 
     def broadcast(
         state: ServerState, client_id: int, cstate: ClientState, ctx: RoundContext
     ) -> Payload:
-        known = (cstate.mask_digest or state.ones_digest) == state.digest
+        charge = mask_charge(cstate.mask_digest, state.ones_digest, state.digest)
         free = cfg.free_initial_download and ctx.round_ == 1
-        charge: _masks.MaskCharge = "known" if known else "sent"
-        if sent.state is not state:  # one encoding per server state and kind, not per client
-            sent.state, sent.payloads = state, {}
-        if (charge, free) not in sent.payloads:
-            payload = _masks.encode(state.params, state.masks, charge, free_values=free)
-            sent.payloads[(charge, free)] = payload
-        return sent.payloads[(charge, free)]
-
-    sent = _Sent()
-
-    program = _jobs.LocalProgram(post_step=_masked_post)
-
-    decoded: Reused[tuple[Params, _masks.Masks]] = Reused()  # the round's downlink, decoded once
-    digests: Reused[str] = Reused()  # the last mask set hashed (every unchanged client's)
-
-    def client_job(
-        down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
-    ) -> _jobs.LocalJob:
-        params, masks = decoded.get(list(down.values()), lambda: _masks.decode(down))
-        start = masks
-        due = adjust is not None and adjust.due(ctx.round_) and data.num_examples > 0
-        batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
-        per_epoch = math.ceil(data.num_examples / ctx.local.batch_size) if batches else 1
-        at = readjust_batch(len(batches), per_epoch, adjust.at_epoch) if due and adjust else -1
-
-        def readjust_now(
-            i: int,
-            loss: float,
-            live: Mapping[str, Tensor],
-            frozen: Mapping[str, Tensor],
-            idx: Tensor,
-        ) -> tuple[Params, Params]:
-            assert adjust is not None
-            current = {k: frozen[MASK + k] for k in masks}
-            layers = layers_of(ctx.model)
-            s_prune = S + (1 - S) * adjust.alpha_at(ctx.round_)
-            grads = ce_grads(ctx.model, live, list(current), data.x[idx], data.y[idx])
-            new_params, new_masks = readjust(
-                live,
-                current,
-                grads,
-                _masks.layer_budgets(layers, s_prune, cfg.distribution),
-                _masks.layer_budgets(layers, S, cfg.distribution),
-                adjust.candidates,
-            )
-            return {k: new_params[k] for k in new_masks}, {
-                MASK + k: m for k, m in new_masks.items()
-            }
-
-        def finish(res: _jobs.JobResult) -> ClientResult:
-            final = {k: v.detach() for k, v in res.live.items()}
-            now = {k: res.frozen[MASK + k] for k in masks}
-            readjusted = at >= 0 and adjust is not None
-            charge: _masks.MaskCharge = adjust.upload_mask if readjusted and adjust else "known"
-            metrics = {"train/loss": res.loss}
-            if readjusted:
-                metrics[f"{cfg.name}/client_churn"] = _masks.changed(start, now) / max(
-                    1, _masks.count(now)[1]
-                )
-            return ClientResult(
-                uplink=_masks.encode(final, now, charge),
-                state=ClientState(digests.get(list(now.values()), lambda: _masks.digest(now))),
-                local_params=final,
-                num_examples=data.num_examples,
-                metrics=metrics,
-            )
-
-        return _jobs.new_job(
-            program,
-            params,
-            data,
-            ctx.local,
-            batches,
-            finish,
-            frozen={MASK + k: m for k, m in masks.items()},
-            after_step=readjust_now if at >= 0 else None,
-            hook_steps=frozenset({at}) if at >= 0 else frozenset(),
-        )
+        return sent.get(state, state.params, state.masks, charge, free)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
     ) -> ServerState:
-        decoded = [_masks.decode(u.tensors) for u in uplinks]
-        weights = client_weights(uplinks, cfg.weighting)
-        avg, union = _masks.masked_average(
-            [p for p, _ in decoded], [m for _, m in decoded], weights
-        )
-        masks = _masks.prune_to_budgets(avg, union, state.budgets)
-        total = _masks.count(masks)[1]
-        return replace(
-            state,
-            params=_masks.apply_masks(avg, masks),
-            masks=masks,
-            digest=_masks.digest(masks),
-            churn=_masks.changed(state.masks, masks) / max(1, total),
-            readjusted=adjust is not None and adjust.due(ctx.round_),
-        )
+        due = adjust is not None and adjust.due(ctx.round_)
+        return aggregate(state, uplinks, cfg.weighting, due)
 
-    def server_metrics(state: ServerState) -> dict[str, float]:
-        return {
-            "mask_churn": state.churn,
-            "density": _masks.density(state.masks),
-            "readjusted": float(state.readjusted),
-        }
-
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
+    return job_algorithm(
+        cfg,
         init_server=init_server,
-        init_client=lambda client_id: ClientState(),
         broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
-        client_job=client_job,
+        client_job=partial(client_job, cfg, adjust, shared),
         server_update=server_update,
-        global_params=lambda s: s.params,
+        init_client=lambda client_id: ClientState(),
         server_metrics=server_metrics,
         uploaded_model=lambda down, up: _masks.decode(up)[0],
         validate_model=validate_model,

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedcomm.algorithms import _local, _masks, feddst
+from fedcomm.algorithms._sparse_train import SparseConfig
 from fedcomm.algorithms.base import (
     ClientData,
     FedAlgorithm,
@@ -56,7 +57,7 @@ from fedcomm.algorithms.base import (
 from fedcomm.comm.payload import Mask, Payload
 
 
-class Config(feddst.SparseConfig):
+class Config(SparseConfig):
     name: Literal["grasp"] = "grasp"
     client: Literal["first", "random"] = Field(
         "first", description="whose data GraSP scores on: client 0 (the code) or a random one"

@@ -13,14 +13,9 @@ so ``⌊(1 − p)·N⌋ + 1`` are always kept); stop at the first entry that mee
 the entries taken. ``p = p_initial`` in phase one, ``p_federated · p_decay^j`` at the j-th
 federated readjustment (``p_exponent: round``: the code's ``0.3·0.5^server_round``, 0-based).
 
-Per-entry times: the code hard-codes measured per-layer times; we cannot measure devices, so
-``layer_time`` is ``uniform`` (default: every entry costs the same, i.e. a layer's time is
-proportional to its parameter count), ``flops`` (an entry costs the multiply-adds it does per
-example: output positions of a conv, 1 for a linear layer, measured on one training example),
-both scaled so that the dense model takes time 1 (``c = 0.2`` then means a fixed per-round
-overhead of 20 % of a dense round, close to the code's 0.2 s against ≈ 1.13 s for CIFAR-10), or
-a list of per-entry times, one per maskable layer in model order, in the units of ``c`` (the
-code's CIFAR-10 list with ``c = 0.2`` reproduces it).
+Per-entry times ``t_l`` (``layer_time``: ``uniform``, ``flops`` or a measured list) and the
+maskable layers: :mod:`fedcomm.algorithms._prunefl_times`; the messages and masked local training:
+:mod:`fedcomm.algorithms._prunefl_client`.
 
 * Phase one (``warm_start``, before round 1): one client drawn uniformly from those with data
   runs up to ``initial_rounds`` local rounds (each: local training per ``train.local``) from the
@@ -48,13 +43,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Literal
 
 import torch
 from pydantic import Field, PositiveFloat
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms import _masks
+from fedcomm.algorithms._prunefl_client import (
+    GRAD,
+    MASK,
+    VERSION,
+    downlink,
+    masks_of,
+    pack,
+    train_masked,
+    unpack,
+    uploaded_model,
+)
+from fedcomm.algorithms._prunefl_times import entry_times, maskable, validate_model
+from fedcomm.algorithms._sparse_train import churn
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -70,15 +79,12 @@ from fedcomm.algorithms.base import (
     register,
     weighted_mean,
 )
-from fedcomm.comm.payload import Dense, Entry, Free, Mask, Payload
-from fedcomm.server_opt import OptState, apply_step
+from fedcomm.comm.payload import Dense, Mask, Payload
+from fedcomm.server_opt import OptState, Transform, apply_step
 from fedcomm.types import Params
 
-W = "w/"  # f"w/{param}": active values (maskable) or the whole tensor (dense), 32 bits each
-MASK = "mask/"  # f"mask/{param}": the mask (Mask: 1 bit per entry; Free: the client's own copy)
-GRAD = "grad/"  # f"grad/{param}": the dense last-minibatch gradient (readjustment rounds only)
-VERSION = "mask_version"  # Free: which mask the client now holds (simulator bookkeeping)
-MASKABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+masked = _masks.apply_masks  # parameters with every maskable entry outside its mask set to 0
+density = _masks.density  # fraction of maskable entries that are active
 
 
 class Config(AlgorithmConfig):
@@ -130,68 +136,7 @@ class ServerState:
     phase_one_rounds: int = 0
 
 
-# --- pure pieces -------------------------------------------------------------------------------
-
-
-def maskable(model: nn.Module) -> list[str]:
-    """Names of the Conv/Linear ``weight`` parameters, in model order."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    out: dict[str, None] = {}  # ordered, shared weights once
-    for mod in model.modules():
-        w = getattr(mod, "weight", None)
-        if isinstance(mod, MASKABLE) and isinstance(w, Tensor) and id(w) in names:
-            out[names[id(w)]] = None
-    return list(out)
-
-
-def validate_model(model: nn.Module) -> None:
-    if not maskable(model):
-        raise ValueError(f"prunefl: {type(model).__name__} has no Conv/Linear weight to prune")
-
-
-def entry_times(
-    model: nn.Module, how: str | Sequence[float], example: Tensor | None
-) -> dict[str, float]:
-    """Per-entry time of each maskable layer: ``uniform``, ``flops`` (needs one ``example``
-    input; entries of a layer cost its output positions per example) — both scaled so the dense
-    model takes 1 — or the given list as is."""
-    names = maskable(model)
-    if not isinstance(how, str):
-        if len(how) != len(names):
-            raise ValueError(f"prunefl: layer_time has {len(how)} times for {len(names)} layers")
-        return {n: float(t) for n, t in zip(names, how, strict=True)}
-    params = dict(model.named_parameters())
-    if how == "uniform":
-        raw = dict.fromkeys(names, 1.0)
-    else:
-        if example is None:
-            raise ValueError("prunefl: layer_time=flops needs an example input")
-        raw = _positions(model, example)
-    total = sum(raw[n] * params[n].numel() for n in names)
-    return {n: raw[n] / total for n in names}
-
-
-def _positions(model: nn.Module, example: Tensor) -> dict[str, float]:
-    """Output positions per example of each maskable layer (summed over its calls)."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    seen: dict[str, float] = {}
-    hooks = []
-    for mod in model.modules():
-        if isinstance(mod, MASKABLE) and id(mod.weight) in names:
-            name = names[id(mod.weight)]
-
-            def hook(m: nn.Module, i: object, out: Tensor, name: str = name) -> None:
-                channels = out.shape[-1] if isinstance(m, nn.Linear) else out.shape[1]
-                seen[name] = seen.get(name, 0.0) + out.numel() / channels  # batch of one
-
-            hooks.append(mod.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(example.unsqueeze(0))
-    finally:
-        for h in hooks:
-            h.remove()
-    return {n: seen.get(n, 1.0) for n in maskable(model)}
+# --- the adaptive mask update ---------------------------------------------------------------------
 
 
 def readjust(
@@ -220,12 +165,6 @@ def readjust(
     return {n: m.reshape(grads[n].shape) for n, m in zip(names, pieces, strict=True)}
 
 
-def churn(old: Mapping[str, Tensor], new: Mapping[str, Tensor]) -> float:
-    """Fraction of maskable entries whose mask bit changed (the code's ``n_differences / N``)."""
-    flips = sum(int((old[n] ^ new[n]).sum()) for n in new)
-    return flips / max(1, sum(m.numel() for m in new.values()))
-
-
 def prune_fraction(cfg: Config, readjustment: int, round_: int) -> float:
     """``p`` at the ``readjustment``-th federated readjustment (1-based), in round ``round_``."""
     j = readjustment if cfg.p_exponent == "readjustment" else round_ - 1
@@ -237,82 +176,134 @@ def is_readjust(round_: int, first: int, every: int) -> bool:
     return round_ >= first and (round_ - first) % every == 0
 
 
-def masked(params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> Params:
-    """Parameters with every maskable entry outside its mask set to 0."""
-    return {k: torch.where(masks[k], v, 0.0) if k in masks else v for k, v in params.items()}
+# --- phase one: one client prunes the initial model ----------------------------------------------
 
 
-def density(masks: Mapping[str, Tensor]) -> float:
-    return sum(int(m.sum()) for m in masks.values()) / max(
-        1, sum(m.numel() for m in masks.values())
+def pick_client(train: Sequence[ClientData], generator: torch.Generator) -> int:
+    """A client drawn uniformly from those with training data."""
+    with_data = [k for k, d in enumerate(train) if d.num_examples > 0]
+    if not with_data:
+        raise ValueError("prunefl: no client has training data for phase one")
+    pick = torch.randint(len(with_data), (1,), generator=generator, device=generator.device)
+    return with_data[int(pick)]
+
+
+def phase_one(
+    cfg: Config,
+    opt: Transform,
+    state: ServerState,
+    train: Sequence[ClientData],
+    ctx: WarmStartContext,
+) -> tuple[ServerState, list[Message]]:
+    """Up to ``initial_rounds`` local rounds on one client, readjusting its mask with ``p_initial``
+    and stopping early once the mask settles; its sparse model becomes the global one."""
+    cid = pick_client(train, ctx.generator)
+    data = train[cid]
+    times = state.times or entry_times(ctx.model, cfg.layer_time, data.x[0])
+    if cfg.initial_rounds == 0:
+        return replace(state, times=times), []
+    params, masks, churns, rounds = state.params, state.masks, [], 0
+    for i in range(1, cfg.initial_rounds + 1):
+        rounds = i
+        params, grads, _ = train_masked(ctx.model, params, masks, data, ctx.local, ctx.generator)
+        if is_readjust(i, cfg.first_readjust, cfg.initial_readjust_every):
+            new = readjust(grads, times, cfg.p_initial, cfg.time_offset)
+            churns.append(churn(masks, new))
+            masks, params = new, masked(params, new)
+        recent = churns[-cfg.early_stop_patience :]
+        if len(recent) == cfg.early_stop_patience and all(c < cfg.early_stop_churn for c in recent):
+            break
+    version = state.mask_version + int(churn(state.masks, masks) > 0)
+    entries = pack(params, masks) | {MASK + k: Mask(m) for k, m in masks.items()}
+    new_state = ServerState(
+        params, opt.init(params), masks, times, version, phase_one_rounds=rounds
+    )
+    return new_state, [(cid, "up", Payload(entries))]
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+
+def client_update(
+    cfg: Config,
+    down: Mapping[str, Tensor],
+    cstate: ClientState,
+    data: ClientData,
+    ctx: ClientContext,
+) -> ClientResult:
+    """Train the active weights from the global model; upload the update on the active entries
+    (and the dense gradient in readjustment rounds). The client keeps the server's mask."""
+    shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
+    masks = masks_of(down)
+    start = unpack(down, shapes, masks)
+    trained, grads, loss = train_masked(ctx.model, start, masks, data, ctx.local, ctx.generator)
+    entries = pack({k: trained[k] - start[k] for k in start}, masks)
+    if is_readjust(ctx.round_, cfg.first_readjust, cfg.readjust_every):
+        entries |= {GRAD + k: Dense(g) for k, g in grads.items()}  # 32·N_m bits
+    return ClientResult(
+        uplink=Payload(entries),
+        state=ClientState(int(down[VERSION])),
+        local_params=trained,
+        num_examples=data.num_examples,
+        metrics={"train/loss": loss},
     )
 
 
-def pack(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> dict[str, Entry]:
-    """``w/<name>``: the active entries of a maskable tensor, the whole of any other."""
-    return {
-        W + k: Dense(v.detach()[masks[k]] if k in masks else v.detach()) for k, v in tensors.items()
+# --- the server ----------------------------------------------------------------------------------
+
+
+def server_update(
+    cfg: Config, opt: Transform, state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
+) -> ServerState:
+    """``w ← m ⊙ (w + server_opt(Σ_k n_k Δ_k / Σ_k n_k))``; in a readjustment round, then
+    :func:`readjust_mask`."""
+    deltas = [unpack(u.tensors, state.params, state.masks) for u in uplinks]
+    delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
+    step, opt_state = opt.update(delta, state.opt_state)
+    params = masked(apply_step(state.params, step), state.masks)
+    state = replace(state, params=params, opt_state=opt_state, churn=None, p=None)
+    if not is_readjust(ctx.round_, cfg.first_readjust, cfg.readjust_every):
+        return state
+    return readjust_mask(cfg, state, uplinks, ctx.round_)
+
+
+def readjust_mask(
+    cfg: Config, state: ServerState, uplinks: Sequence[Uplink], round_: int
+) -> ServerState:
+    """The j-th federated readjustment: :func:`readjust` on the unweighted mean of the clients'
+    gradients (as the code) with ``p`` of :func:`prune_fraction`; leaving weights are zeroed."""
+    if state.times is None:
+        raise ValueError("prunefl: layer times unknown (flops needs warm_start)")
+    shapes = {k: state.params[k].shape for k in state.masks}
+    grads = [{k: u.tensors[GRAD + k].reshape(s) for k, s in shapes.items()} for u in uplinks]
+    mean = weighted_mean(grads, [1.0] * len(grads))  # unweighted, as the code
+    j = state.readjustments + 1
+    p = prune_fraction(cfg, j, round_)
+    new = readjust(mean, state.times, p, cfg.time_offset)
+    change = churn(state.masks, new)
+    return replace(
+        state,
+        params=masked(state.params, new),
+        masks=new,
+        mask_version=state.mask_version + int(change > 0),
+        readjustments=j,
+        churn=change,
+        p=p,
+    )
+
+
+def server_metrics(state: ServerState) -> dict[str, float]:
+    out = {
+        "mask_density": density(state.masks),
+        "readjustments": float(state.readjustments),
+        "phase_one_rounds": float(state.phase_one_rounds),
     }
-
-
-def unpack(
-    decoded: Mapping[str, Tensor], shapes: Mapping[str, Tensor], masks: Mapping[str, Tensor]
-) -> Params:
-    """Inverse of :func:`pack` (``shapes``: tensors of the receiver's shapes; zeros off masks)."""
-    out: Params = {}
-    for k, ref in shapes.items():
-        values = decoded[W + k].reshape(-1)
-        if k in masks:
-            out[k] = torch.zeros(ref.shape, dtype=values.dtype, device=ref.device)
-            out[k][masks[k]] = values
-        else:
-            out[k] = values.reshape(ref.shape).clone()
+    if state.churn is not None and state.p is not None:
+        out |= {"mask_churn": state.churn, "prune_fraction": state.p}
     return out
 
 
-def train_masked(
-    model: nn.Module,
-    params: Mapping[str, Tensor],
-    masks: Mapping[str, Tensor],
-    data: ClientData,
-    local: _local.LocalConfig,
-    generator: torch.Generator,
-) -> tuple[Params, dict[str, Tensor], float]:
-    """Local SGD on the active weights (masked-out ones zeroed after every step); returns the
-    trained params, the last minibatch's gradient of every maskable entry (CE only, at the
-    weights of that step, as ``param.grad`` in the code; zeros without data) and the mean loss."""
-    last: dict[str, Tensor] = {}
-
-    def capture(p: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[str, Tensor]:
-        last.update({k: grads[k] for k in masks})  # fresh autograd tensors, never updated in place
-        return grads
-
-    res = _local.local_sgd(
-        model,
-        masked(params, masks),
-        data,
-        local,
-        generator,
-        grad_hook=capture,
-        post_step=lambda live: masked(live, masks),
-    )
-    grads = {
-        k: last[k].detach().clone() if k in last else torch.zeros_like(params[k]) for k in masks
-    }
-    return res.params, grads, res.loss
-
-
-def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
-    """The model a client's upload stands for: the downloaded model plus the sent update."""
-    masks = {k[len(MASK) :]: m.bool() for k, m in down.items() if k.startswith(MASK)}
-    names = [k[len(W) :] for k in down if k.startswith(W)]
-    shapes = {k: masks[k] if k in masks else down[W + k] for k in names}
-    start = unpack(down, shapes, masks)
-    delta = unpack(up, shapes, masks)
-    return {k: start[k] + delta[k] for k in names}
-
-
-# --- the algorithm -----------------------------------------------------------------------------
+# --- the algorithm -------------------------------------------------------------------------------
 
 
 def make(cfg: Config) -> FedAlgorithm:
@@ -321,120 +312,15 @@ def make(cfg: Config) -> FedAlgorithm:
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         if ctx.model is None:
             raise ValueError("prunefl needs the model structure in the round context")
-        names = maskable(ctx.model)
-        masks = {n: torch.ones_like(params[n], dtype=torch.bool) for n in names}
+        masks = {n: torch.ones_like(params[n], dtype=torch.bool) for n in maskable(ctx.model)}
         times = None if cfg.layer_time == "flops" else entry_times(ctx.model, cfg.layer_time, None)
         return ServerState(clone_params(params), opt.init(params), masks, times)
-
-    def warm_start(
-        state: ServerState, train: Sequence[ClientData], ctx: WarmStartContext
-    ) -> tuple[ServerState, list[Message]]:
-        with_data = [k for k, d in enumerate(train) if d.num_examples > 0]
-        if not with_data:
-            raise ValueError("prunefl: no client has training data for phase one")
-        cid = with_data[
-            int(
-                torch.randint(
-                    len(with_data), (1,), generator=ctx.generator, device=ctx.generator.device
-                )
-            )
-        ]
-        data = train[cid]
-        times = state.times or entry_times(ctx.model, cfg.layer_time, data.x[0])
-        if cfg.initial_rounds == 0:
-            return replace(state, times=times), []
-        params, masks, churns, rounds = state.params, state.masks, [], 0
-        for i in range(1, cfg.initial_rounds + 1):
-            rounds = i
-            params, grads, _ = train_masked(
-                ctx.model, params, masks, data, ctx.local, ctx.generator
-            )
-            if is_readjust(i, cfg.first_readjust, cfg.initial_readjust_every):
-                new = readjust(grads, times, cfg.p_initial, cfg.time_offset)
-                churns.append(churn(masks, new))
-                masks, params = new, masked(params, new)
-            recent = churns[-cfg.early_stop_patience :]
-            if len(recent) == cfg.early_stop_patience and all(
-                c < cfg.early_stop_churn for c in recent
-            ):
-                break
-        changed = churn(state.masks, masks) > 0
-        entries = pack(params, masks) | {MASK + k: Mask(m) for k, m in masks.items()}
-        new_state = ServerState(
-            params,
-            opt.init(params),
-            masks,
-            times,
-            state.mask_version + int(changed),
-            phase_one_rounds=rounds,
-        )
-        return new_state, [(cid, "up", Payload(entries))]
 
     def broadcast(
         state: ServerState, client_id: int, cstate: ClientState, ctx: RoundContext
     ) -> Payload:
         fresh = cstate.mask_version == state.mask_version
-        entries = pack(state.params, state.masks)
-        entries |= {MASK + k: Free(m) if fresh else Mask(m) for k, m in state.masks.items()}
-        entries[VERSION] = Free(torch.tensor(state.mask_version, device="cpu"))  # (a host counter)
-        return Payload(entries)
-
-    def client_update(
-        down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        shapes = {k: p.detach() for k, p in ctx.model.named_parameters()}
-        masks = {k[len(MASK) :]: m.bool() for k, m in down.items() if k.startswith(MASK)}
-        start = unpack(down, shapes, masks)
-        trained, grads, loss = train_masked(ctx.model, start, masks, data, ctx.local, ctx.generator)
-        entries = pack({k: trained[k] - start[k] for k in start}, masks)
-        if is_readjust(ctx.round_, cfg.first_readjust, cfg.readjust_every):
-            entries |= {GRAD + k: Dense(g) for k, g in grads.items()}  # 32·N_m bits
-        return ClientResult(
-            uplink=Payload(entries),
-            state=ClientState(int(down[VERSION])),
-            local_params=trained,
-            num_examples=data.num_examples,
-            metrics={"train/loss": loss},
-        )
-
-    def server_update(
-        state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
-    ) -> ServerState:
-        deltas = [unpack(u.tensors, state.params, state.masks) for u in uplinks]
-        delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
-        step, opt_state = opt.update(delta, state.opt_state)
-        params = masked(apply_step(state.params, step), state.masks)
-        state = replace(state, params=params, opt_state=opt_state, churn=None, p=None)
-        if not is_readjust(ctx.round_, cfg.first_readjust, cfg.readjust_every):
-            return state
-        if state.times is None:
-            raise ValueError("prunefl: layer times unknown (flops needs warm_start)")
-        shapes = {k: state.params[k].shape for k in state.masks}
-        grads = [{k: u.tensors[GRAD + k].reshape(s) for k, s in shapes.items()} for u in uplinks]
-        mean = weighted_mean(grads, [1.0] * len(grads))  # unweighted, as the code
-        j = state.readjustments + 1
-        p = prune_fraction(cfg, j, ctx.round_)
-        new = readjust(mean, state.times, p, cfg.time_offset)
-        change = churn(state.masks, new)
-        return replace(
-            state,
-            params=masked(params, new),
-            masks=new,
-            mask_version=state.mask_version + int(change > 0),
-            readjustments=j,
-            churn=change,
-            p=p,
-        )
-
-    def server_metrics(state: ServerState) -> dict[str, float]:
-        out = {
-            "mask_density": density(state.masks),
-            "readjustments": float(state.readjustments),
-            "phase_one_rounds": float(state.phase_one_rounds),
-        }
-        if state.churn is not None and state.p is not None:
-            out |= {"mask_churn": state.churn, "prune_fraction": state.p}
-        return out
+        return downlink(state.params, state.masks, state.mask_version, fresh)
 
     return FedAlgorithm(
         name=cfg.name,
@@ -442,13 +328,13 @@ def make(cfg: Config) -> FedAlgorithm:
         init_server=init_server,
         init_client=lambda client_id: ClientState(),
         broadcast=broadcast,
-        client_update=client_update,
-        server_update=server_update,
+        client_update=partial(client_update, cfg),
+        server_update=partial(server_update, cfg, opt),
         global_params=lambda s: s.params,
         server_metrics=server_metrics,
         uploaded_model=uploaded_model,
         validate_model=validate_model,
-        warm_start=warm_start,
+        warm_start=partial(phase_one, cfg, opt),
         unbatched=(
             "readjustment rounds upload the dense gradient of each client's last minibatch, "
             "taken inside that step at that step's weights: a side output of the step that "

@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Literal
 
 from fedcomm.algorithms import feddst
+from fedcomm.algorithms._sparse_train import SparseConfig
 from fedcomm.algorithms.base import FedAlgorithm, register
 
 
-class Config(feddst.SparseConfig):
+class Config(SparseConfig):
     name: Literal["randommask"] = "randommask"
 
 
