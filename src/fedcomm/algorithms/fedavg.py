@@ -32,6 +32,7 @@ from fedcomm.algorithms.base import (
     Uplink,
     client_weights,
     clone_params,
+    job_algorithm,
     register,
     sender_mean,
     subtract,
@@ -61,6 +62,17 @@ class ServerState:
 
 
 ANCHOR = "anchor."  # frozen copies of w_t under these keys, for an anchored grad_hook
+
+
+def anchors(down: Mapping[str, Tensor]) -> Params:
+    """``w_t`` under the :data:`ANCHOR` keys: a job's ``frozen`` tensors for a local term
+    centred on the downloaded model."""
+    return {ANCHOR + k: v for k, v in down.items()}
+
+
+def add_delta(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+    """``w_t + Δ``: the model a dense delta upload stands for (``uploaded_model``)."""
+    return {k: down[k] + up[k] for k in down}
 
 
 def make(
@@ -94,9 +106,9 @@ def make(
                 metrics={"train/loss": res.loss},
             )
 
-        anchors = {ANCHOR + k: v for k, v in down.items()} if anchored_hook is not None else {}
+        frozen = anchors(down) if anchored_hook is not None else {}
         batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
-        return _jobs.new_job(program, down, data, ctx.local, batches, finish, frozen=anchors)
+        return _jobs.new_job(program, down, data, ctx.local, batches, finish, frozen=frozen)
 
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
@@ -106,17 +118,13 @@ def make(
         step, opt_state = opt.update(delta, state.opt_state)
         return ServerState(apply_step(state.params, step), opt_state)
 
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
+    return job_algorithm(
+        cfg,
         init_server=init_server,
-        init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
         client_job=client_job,
         server_update=server_update,
-        global_params=lambda s: s.params,
-        uploaded_model=lambda down, up: {k: down[k] + up[k] for k in down},
+        uploaded_model=add_delta,
     )
 
 

@@ -32,7 +32,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local
+from fedcomm.algorithms import _jobs, _local, fedavg
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -43,6 +43,7 @@ from fedcomm.algorithms.base import (
     Uplink,
     client_weights,
     clone_params,
+    job_algorithm,
     register,
     subtract,
     weighted_mean,
@@ -70,9 +71,6 @@ class Config(AlgorithmConfig):
 class ServerState:
     params: Params
     opt_state: OptState  # () for the median rule
-
-
-ANCHOR = "anchor."  # the downloaded w in a client's job (the proximal step's center)
 
 
 def soft_threshold(d: Tensor, tau: float) -> Tensor:
@@ -126,7 +124,7 @@ def build(cfg: Config) -> FedAlgorithm:
             def post_step(
                 live: dict[str, Tensor], frozen: Mapping[str, Tensor], before: Mapping[str, Tensor]
             ) -> dict[str, Tensor]:
-                anchor = {k: frozen[ANCHOR + k] for k in live}
+                anchor = {k: frozen[fedavg.ANCHOR + k] for k in live}
                 return prox_toward(anchor, tau)(live)
 
             programs[tau] = _jobs.LocalProgram(post_step=post_step if tau > 0 else None)
@@ -149,9 +147,9 @@ def build(cfg: Config) -> FedAlgorithm:
 
         tau = ctx.local.lr * cfg.lam if cfg.lam > 0 else 0.0
         batches = _local.batch_schedule(data.num_examples, ctx.local, ctx.generator)
-        anchors = {ANCHOR + k: v for k, v in down.items()} if tau > 0 else {}
+        frozen = fedavg.anchors(down) if tau > 0 else {}  # w, the proximal step's centre
         return _jobs.new_job(
-            program_for(tau), down, data, ctx.local, batches, finish, frozen=anchors
+            program_for(tau), down, data, ctx.local, batches, finish, frozen=frozen
         )
 
     def server_update(
@@ -165,15 +163,11 @@ def build(cfg: Config) -> FedAlgorithm:
         step, opt_state = opt.update(direction, state.opt_state)
         return ServerState(apply_step(state.params, step), opt_state)
 
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
+    return job_algorithm(
+        cfg,
         init_server=init_server,
-        init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
         client_job=client_job,
         server_update=server_update,
-        global_params=lambda s: s.params,
-        uploaded_model=lambda down, up: {k: down[k] + up[k] for k in down},
+        uploaded_model=fedavg.add_delta,
     )

@@ -45,6 +45,7 @@ from fedcomm.algorithms.base import (
     FedAlgorithm,
     RoundContext,
     Uplink,
+    job_algorithm,
     join_members,
     register,
     split_members,
@@ -238,13 +239,10 @@ def build(cfg: Config) -> FedAlgorithm:
         mass = {f"member{k}_mass": m for k, m in enumerate(state.mass)}  # -> fedavg_mog/...
         return {"responsibility_entropy": state.entropy, **mass}
 
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
+    return job_algorithm(
+        cfg,
         init_server=init_server,
-        init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
         client_job=client_job,
         server_update=server_update,
         global_params=lambda s: join_members(s.members),

@@ -36,6 +36,7 @@ from fedcomm.algorithms.base import (
     Uplink,
     client_weights,
     clone_params,
+    job_algorithm,
     register,
     subtract,
     weighted_mean,
@@ -158,13 +159,10 @@ def build(cfg: Config) -> FedAlgorithm:
         step, opt_state = opt.update(delta, state.opt_state)
         return ServerState(apply_step(state.params, step), opt_state, state.specs)
 
-    return FedAlgorithm(
-        name=cfg.name,
-        config=cfg,
+    return job_algorithm(
+        cfg,
         init_server=init_server,
-        init_client=lambda client_id: None,
         broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
         client_job=client_job,
         server_update=server_update,
         global_params=lambda s: hard_threshold(s.params, s.specs, lam)[0],

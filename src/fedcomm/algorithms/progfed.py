@@ -32,19 +32,12 @@ the dense update of the trained parameters: ``M^s`` in a stage round, ``E_s + G_
 round. An uplink compressor (``lq``, ``sp``) applies to that update. ``stages: 1`` is the
 end-to-end baseline with the same schedule, learning rate and aggregation.
 
-Warm-up charge (``warmup_charge``, see :func:`charged_values`): ``sent`` (default, the spec's
-recommendation) charges exactly what a warm-up round sends, ``P_s`` down and ``|E_s| + |G_s|``
-up. ``code_counter`` charges what the official code's counter books (``main.py``: inside the
-warm-up loop, ``cur_cost += |E_s| + |G_s|`` starts from the previous round's ``P_{s−1}`` and
-accumulates over the W rounds, so warm-up round ``w = 1…W`` of stage ``s`` books
-``c_w = P_{s−1} + w·(|E_s| + |G_s|)`` values per client), both ways: the message sent plus a
-:class:`CounterCharge` entry of the difference, which carries nothing and is counted at 32 bits
-per value (compressors pass it through uncompressed, so compare compressed runs as the paper
-does: the float ratio times b/32 and p). That counter is where the paper's costs come from: with
-the code's schedule it gives ProgFed's seven ResNet-18/CIFAR-100 costs of Table 12 to the GB
-(S = 4, W = 25: 4,179 GB, 77.6% of dense end-to-end over T = 3000; Table 3 / 5 print 77.10%),
-while ``sent`` gives 67.5% (66.6% without warm-up): the 25·26/2 = 325 copies of ``E_s + G_s``
-it books per growth are not traffic, so ``sent`` stays the default.
+Warm-up charge (``warmup_charge``): ``sent`` (default, the spec's recommendation) charges
+exactly what a warm-up round sends, ``P_s`` down and ``|E_s| + |G_s|`` up; ``code_counter``
+charges what the official code's counter books, ``c_w = P_{s−1} + w·(|E_s| + |G_s|)`` both
+ways in warm-up round ``w``, which reproduces the paper's costs (77.6% of dense end-to-end for
+ResNet-18/CIFAR-100, W = 25, vs 67.5% sent): the reading, the numbers and why ``sent`` stays
+the default are in :mod:`fedcomm.algorithms._progfed_charge`.
 
 Departures, documented: stage 1 lasts ``T_s`` rounds (the code's loop starts stage 2 one round
 early); the code's CIFAR-10 ConvNet has a 16-way classifier (the paper's 10-way one is used);
@@ -58,16 +51,40 @@ on global accuracy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
-from fedcomm.algorithms import _local
+from fedcomm.algorithms._progfed_charge import (
+    WarmupCharge,
+    charged_values,
+    counter_extra,
+    with_counter,
+    without_counter,
+)
+from fedcomm.algorithms._progfed_client import ClientState, local_run, momentum_bufs
+from fedcomm.algorithms._progfed_model import (
+    active,
+    as_net,
+    progressive_net,
+    round_stats,
+    stage_sizes,
+    trained,
+    validate_model,
+)
+from fedcomm.algorithms._progfed_schedule import (
+    LrSchedule,
+    Phase,
+    at_round,
+    client_lr,
+    cosine_lr,
+    lr_factor,
+    schedule,
+    warmup_index,
+)
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     ClientContext,
@@ -78,20 +95,19 @@ from fedcomm.algorithms.base import (
     Uplink,
     client_weights,
     clone_params,
+    no_client_state,
     register,
     weighted_mean,
 )
 from fedcomm.algorithms.fedprox import proximal_hook
-from fedcomm.comm import bits
 from fedcomm.comm.codecs import encode_dense
-from fedcomm.comm.payload import BitCount, Payload
-from fedcomm.models.progressive import ProgressiveNet, is_staged
-from fedcomm.seeding import Stream, torch_generator
+from fedcomm.comm.payload import Payload
+from fedcomm.models.progressive import ProgressiveNet
 from fedcomm.server_opt import OptState
 from fedcomm.types import Params
 
-WarmupCharge = Literal["sent", "code_counter"]
-COUNTER = "progfed/code_counter"  # payload key of the CounterCharge entry
+# the schedule and the charge live in helper modules; their names are re-exported here
+__all__ = ["Config", "Phase", "build", "charged_values", "cosine_lr", "schedule", "warmup_index"]
 
 
 class Config(AlgorithmConfig):
@@ -108,7 +124,7 @@ class Config(AlgorithmConfig):
     warmup_rounds: int = Field(
         0, ge=0, description="W extra rounds per growth (paper: EMNIST 5, CIFAR-100 25)"
     )
-    lr_schedule: Literal["cosine", "constant"] = Field(
+    lr_schedule: LrSchedule = Field(
         "cosine", description="client lr per scheduled round (the code: cosine)"
     )
     min_lr: float = Field(1e-6, ge=0, description="floor of the cosine schedule")
@@ -157,108 +173,6 @@ class Config(AlgorithmConfig):
 
 
 @dataclass(frozen=True)
-class Phase:
-    """What one loop round does: the stage, whether it is a warm-up round, and the scheduled
-    round ``t`` (1-based; warm-up rounds repeat the last scheduled round and use the base lr)."""
-
-    stage: int
-    warmup: bool
-    t: int
-
-
-def schedule(rounds: int, stages: int, warmup: int) -> list[Phase]:
-    """The phase of every loop round (index ``r − 1``): ``rounds + (stages − 1)·warmup`` long."""
-    ts = rounds // (2 * stages) if stages > 1 else rounds
-    if ts < 1:
-        raise ValueError(f"rounds={rounds} is too short for {stages} stages (T/(2S) < 1)")
-    out: list[Phase] = []
-    t = 0
-    for s in range(1, stages + 1):
-        if s > 1:
-            out += [Phase(s, True, max(t, 1))] * warmup
-        length = ts if s < stages else rounds - (stages - 1) * ts
-        for _ in range(length):
-            t += 1
-            out.append(Phase(s, False, t))
-    return out
-
-
-def warmup_index(phases: Sequence[Phase]) -> list[int]:
-    """For each loop round, its position ``w = 1…W`` within its stage's warm-up rounds (0 for a
-    stage round)."""
-    out: list[int] = []
-    w = 0
-    prev: Phase | None = None
-    for ph in phases:
-        w = w + 1 if prev is not None and prev.warmup and prev.stage == ph.stage else 1
-        out.append(w if ph.warmup else 0)
-        prev = ph
-    return out
-
-
-def charged_values(
-    phases: Sequence[Phase],
-    submodel: Sequence[int],
-    new: Sequence[int],
-    warmup_charge: WarmupCharge,
-) -> list[tuple[int, int]]:
-    """Values charged per client in each loop round, ``(down, up)``.
-
-    Args:
-        phases: the loop rounds (:func:`schedule`).
-        submodel: ``P_1 … P_S``, the sub-models' sizes with their heads.
-        new: ``|E_s| + |G_s|`` for ``s = 1 … S`` (what a warm-up round of stage ``s`` trains).
-        warmup_charge: ``sent`` or ``code_counter`` (see the module docstring).
-
-    Returns:
-        ``(P_s, P_s)`` for a stage round; for warm-up round ``w`` of stage ``s``,
-        ``(P_s, |E_s| + |G_s|)`` (``sent``) or ``(c_w, c_w)`` with
-        ``c_w = P_{s−1} + w·(|E_s| + |G_s|)`` (``code_counter``).
-    """
-    out: list[tuple[int, int]] = []
-    for ph, w in zip(phases, warmup_index(phases), strict=True):
-        s = ph.stage
-        if not ph.warmup:
-            out.append((submodel[s - 1], submodel[s - 1]))
-        elif warmup_charge == "sent":
-            out.append((submodel[s - 1], new[s - 1]))
-        else:
-            c = submodel[s - 2] + w * new[s - 1]
-            out.append((c, c))
-    return out
-
-
-@dataclass(frozen=True)
-class CounterCharge:
-    """``numel`` values the official code's warm-up counter books beyond what is sent: counted
-    at 32 bits each (the code's 4 bytes), carrying nothing (decodes to an empty tensor)."""
-
-    numel: int
-
-    def decode(self) -> Tensor:
-        return torch.zeros(0, device="cpu")
-
-    def nbits(self) -> BitCount:
-        return BitCount(payload=bits.dense(self.numel))
-
-    def dense_bits(self) -> int:
-        return bits.dense(self.numel)
-
-
-def _with_counter(payload: Payload, numel: int) -> Payload:
-    if numel <= 0:
-        return payload
-    return Payload({**payload.entries, COUNTER: CounterCharge(numel)})
-
-
-def cosine_lr(base: float, t: int, rounds: int, floor: float) -> float:
-    """The code's per-round client rate ``max(η0·(1 + cos(π(t−1)/(T−1)))/2, floor)``."""
-    if rounds <= 1:
-        return max(base, floor)
-    return max(base * (1 + math.cos(math.pi * (t - 1) / (rounds - 1))) / 2, floor)
-
-
-@dataclass(frozen=True)
 class ServerState:
     params: Params  # every parameter of the progressive net (inactive ones at their init)
     opt_state: OptState  # over the parameters trained in the current phase
@@ -268,27 +182,9 @@ class ServerState:
     init: Params = field(default_factory=dict)  # the initial parameters (``grow_from: init``)
 
 
-@dataclass(frozen=True)
-class ClientState:
-    key: tuple[int, bool]  # (stage, warmup) the momentum buffers belong to
-    bufs: Params
-
-
-def _net(model: nn.Module | None) -> ProgressiveNet:
-    if not isinstance(model, ProgressiveNet):
-        raise TypeError("progfed runs on the ProgressiveNet built by its prepare_model")
-    return model
-
-
-def _num_classes(model: nn.Module) -> int:
-    """Output width of a staged model's classifier (its last 2-D weight)."""
-    prefixes = getattr(model, "classifier_prefixes", ())
-    weights = [
-        p for n, p in model.named_parameters() if n.startswith(tuple(prefixes)) and p.ndim == 2
-    ]
-    if not weights:
-        raise ValueError("progfed: the model's classifier has no 2-D weight")
-    return int(weights[-1].shape[0])
+def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+    """The model an upload stands for: ``θ_server + Δ`` on the trained parameters."""
+    return {k: down[k] + up[k] if k in up else down[k] for k in without_counter(down)}
 
 
 @register(Config)
@@ -297,90 +193,38 @@ def build(cfg: Config) -> FedAlgorithm:
     # T, resolved from train.rounds by with_rounds (Params.algorithm); a config built without
     # params (contract tests, direct library use) schedules T = 2S unless it sets rounds
     rounds = cfg.rounds if cfg.rounds is not None else 2 * cfg.stages
-    phases = schedule(rounds, cfg.stages, cfg.warmup_rounds)
+    phases = schedule(rounds, cfg.stages, cfg.warmup_rounds)  # one per loop round
+    windex = warmup_index(phases)
     prox = proximal_hook(2 * cfg.mu)  # the code's μ‖θ−θ_s‖² has gradient 2μ(θ−θ_s)
 
-    windex = warmup_index(phases)
-
-    def at(round_: int) -> int:
-        return min(max(round_, 1), len(phases)) - 1
-
     def phase(round_: int) -> Phase:
-        return phases[at(round_)]
+        return at_round(phases, round_)
 
-    def active(net: ProgressiveNet, ph: Phase) -> list[str]:
-        return net.submodel_params(ph.stage)
+    def factor(ph: Phase) -> float:
+        return lr_factor(ph, rounds, cfg.lr_schedule)
 
-    def trained(net: ProgressiveNet, ph: Phase) -> list[str]:
-        if ph.warmup:
-            return [*net.block_params(ph.stage), *net.head_params(ph.stage)]
-        return net.submodel_params(ph.stage)
-
-    def counter_extra(net: ProgressiveNet, round_: int) -> tuple[int, int]:
-        """``(down, up)`` values the code's counter books beyond the messages sent (0 unless
-        ``warmup_charge: code_counter`` in a warm-up round)."""
-        i = at(round_)
-        ph = phases[i]
+    def counter(net: ProgressiveNet, round_: int) -> tuple[int, int]:
+        """``(down, up)`` values the code's counter books beyond the messages sent."""
+        ph = phase(round_)
         if cfg.warmup_charge == "sent" or not ph.warmup:
             return 0, 0
-        s = ph.stage
-        numels = {n: p.numel() for n, p in net.named_parameters()}
-        new = sum(numels[k] for k in trained(net, ph))
-        booked = net.submodel_numel(s - 1) + windex[i] * new
-        return booked - net.submodel_numel(s), booked - new
-
-    def validate_model(model: nn.Module) -> None:
-        if not is_staged(model):
-            raise ValueError(
-                f"progfed: model {type(model).__name__} has no stage split "
-                "(staged models: mlp, cnn, mnist_cnn, resnet20, resnet18, progfed_emnist_cnn, "
-                "progfed_cifar_cnn)"
-            )
-        try:
-            model.stage_cuts(cfg.stages)  # type: ignore[operator]
-        except ValueError as err:
-            raise ValueError(f"progfed: stages={cfg.stages}: {err}") from None
-
-    def prepare_model(model: nn.Module, seed: int) -> nn.Module:
-        if isinstance(model, ProgressiveNet):
-            return model
-        validate_model(model)
-        gen = torch_generator(seed, Stream.ALGORITHM, 0)  # the temporary heads' init
-        return ProgressiveNet(model, cfg.stages, _num_classes(model), gen)
-
-    def lr_factor(ph: Phase) -> float:
-        """The round's client lr over the base lr (warm-up rounds: the base lr)."""
-        if ph.warmup or cfg.lr_schedule == "constant":
-            return 1.0
-        return cosine_lr(1.0, ph.t, rounds, 0.0)
-
-    def stats(net: ProgressiveNet, ph: Phase) -> dict[str, float]:
-        """Logged per round (``progfed/...``): the phase, the active sub-model's size with its
-        head, the trained parameters, the sub-model's fraction of the full model, lr / η0."""
-        size = net.submodel_numel(ph.stage)
-        numels = {n: p.numel() for n, p in net.named_parameters()}
-        return {
-            "stage": float(ph.stage),
-            "warmup": float(ph.warmup),
-            "scheduled_round": float(ph.t),
-            "submodel_params": float(size),
-            "trained_params": float(sum(numels[k] for k in trained(net, ph))),
-            "submodel_fraction": size / net.dense_numel(),  # of the full model
-            "lr_factor": lr_factor(ph),
-        }
+        submodel, new = stage_sizes(net)
+        return counter_extra(ph, at_round(windex, round_), submodel, new, cfg.warmup_charge)
 
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
-        net = _net(ctx.model)
+        net = as_net(ctx.model)
         ph = phase(1)
         sub = {k: params[k] for k in trained(net, ph)}
         subs = tuple(tuple(net.submodel_params(s)) for s in range(1, cfg.stages + 1))
         init = clone_params(params) if cfg.grow_from == "init" else {}
-        return ServerState(clone_params(params), opt.init(sub), subs, 0, stats(net, ph), init)
+        stats = round_stats(net, ph, factor(ph))
+        return ServerState(clone_params(params), opt.init(sub), subs, 0, stats, init)
 
     def broadcast(state: ServerState, cid: int, cstate: object, ctx: RoundContext) -> Payload:
-        net = _net(ctx.model)
+        """Send ``x_t^s``, the active sub-model ``M^s`` (Algorithm 1, line 15)."""
+        net = as_net(ctx.model)
         down = encode_dense({k: state.params[k] for k in active(net, phase(ctx.round_))})
-        return _with_counter(down, counter_extra(net, ctx.round_)[0])
+        return with_counter(down, counter(net, ctx.round_)[0])
 
     def client_update(
         down: Mapping[str, Tensor],
@@ -388,42 +232,30 @@ def build(cfg: Config) -> FedAlgorithm:
         data: ClientData,
         ctx: ClientContext,
     ) -> ClientResult:
-        net = _net(ctx.model)
+        """Local SGD on ``M^s`` (frozen ``E_1 … E_{s−1}`` in a warm-up round), uploading
+        ``Δ_c = x_{c,J} − x_{c,1}`` of the trained parameters (Algorithm 1, lines 16-24)."""
+        net = as_net(ctx.model)
         ph = phase(ctx.round_)
         keys = set(trained(net, ph))
-        down = {k: v for k, v in down.items() if k != COUNTER}
-        lr = ctx.local.lr
-        if lr_factor(ph) != 1.0:
-            lr = max(ctx.local.lr * lr_factor(ph), cfg.min_lr)
-        local = ctx.local.model_copy(update={"lr": lr})
-        bufs = None
-        if cfg.client_momentum == "persistent" and cstate is not None:
-            bufs = cstate.bufs if cstate.key == (ph.stage, ph.warmup) else None
-        # dropout (EMNIST ConvNet) from the client's own replayable stream, not ctx.generator
-        drop = torch_generator(ctx.seed, Stream.ALGORITHM, ctx.round_, ctx.client_id)
-        dropout_seed = int(torch.randint(0, 2**62, (1,), generator=drop, device=drop.device))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(dropout_seed)
-            res = _local.local_sgd(
-                net.at_stage(ph.stage),
-                down,
-                data,
-                local,
-                ctx.generator,
-                grad_hook=prox(down) if cfg.mu > 0 else None,
-                trainable={k: k in keys for k in down},
-                skip_loss=cfg.skip_loss,
-                bufs=bufs,
-            )
-        delta = {k: res.params[k] - down[k] for k in down if k in keys}
-        new_state = (
-            ClientState((ph.stage, ph.warmup), res.bufs)
-            if cfg.client_momentum == "persistent"
-            else None
+        down = without_counter(down)
+        lr = client_lr(ctx.local.lr, factor(ph), cfg.min_lr)
+        persistent = cfg.client_momentum == "persistent"
+        res = local_run(
+            net,
+            ph,
+            down,
+            data,
+            ctx,
+            lr=lr,
+            keys=keys,
+            grad_hook=prox(down) if cfg.mu > 0 else None,
+            skip_loss=cfg.skip_loss,
+            bufs=momentum_bufs(cstate, ph) if persistent else None,
         )
+        delta = {k: res.params[k] - down[k] for k in down if k in keys}
         return ClientResult(
-            uplink=_with_counter(encode_dense(delta), counter_extra(net, ctx.round_)[1]),
-            state=new_state,
+            uplink=with_counter(encode_dense(delta), counter(net, ctx.round_)[1]),
+            state=ClientState((ph.stage, ph.warmup), res.bufs) if persistent else None,
             local_params=res.params,
             num_examples=data.num_examples,
             metrics={"train/loss": res.loss, "progfed/client_lr": lr},
@@ -432,7 +264,9 @@ def build(cfg: Config) -> FedAlgorithm:
     def server_update(
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
     ) -> ServerState:
-        net = _net(ctx.model)
+        """``x_{t+1}^s = x_t^s + opt(mean_c Δ_c)`` (Algorithm 1, line 27: FedAvg for SGD lr 1);
+        a growth (Algorithm 1, lines 5-10) or the end of a warm-up rebuilds the optimizer."""
+        net = as_net(ctx.model)
         ph, nxt = phase(ctx.round_), phase(ctx.round_ + 1)
         keys = trained(net, ph)
         delta = weighted_mean(
@@ -446,9 +280,8 @@ def build(cfg: Config) -> FedAlgorithm:
             params = clone_params(state.init)
         if (nxt.stage, nxt.warmup) != (ph.stage, ph.warmup):  # growth or end of warm-up
             opt_state = opt.init({k: params[k] for k in trained(net, nxt)})
-        return ServerState(
-            params, opt_state, state.submodels, ctx.round_, stats(net, ph), state.init
-        )
+        stats = round_stats(net, ph, factor(ph))
+        return ServerState(params, opt_state, state.submodels, ctx.round_, stats, state.init)
 
     def global_params(state: ServerState) -> Params:
         # the sub-model of the last completed round (round 1's before training)
@@ -459,17 +292,15 @@ def build(cfg: Config) -> FedAlgorithm:
         name=cfg.name,
         config=cfg,
         init_server=init_server,
-        init_client=lambda cid: None,
+        init_client=no_client_state,
         broadcast=broadcast,
         client_update=client_update,
         server_update=server_update,
         global_params=global_params,
         server_metrics=lambda s: s.metrics,
-        uploaded_model=lambda down, up: {
-            k: down[k] + up[k] if k in up else down[k] for k in down if k != COUNTER
-        },
-        validate_model=validate_model,
-        prepare_model=prepare_model,
+        uploaded_model=uploaded_model,
+        validate_model=lambda model: validate_model(model, cfg.stages),
+        prepare_model=lambda model, seed: progressive_net(model, cfg.stages, seed),
         unbatched=(
             "local steps run the stage's sub-network with dropout drawn from torch's global "
             "generator, reseeded per client (the EMNIST ConvNet's), and train a per-round "
