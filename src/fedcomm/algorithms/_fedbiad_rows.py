@@ -37,6 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from fedcomm.algorithms._submodel_units import by_score, keep_ranked, score_ranking, select
 from fedcomm.models.groups import GroupSpec, rows
 
 _RECURRENT = re.compile(r"weight_(ih|hh|hr)_l\d+(?:_reverse)?")  # nn.RNNBase's matrices
@@ -93,22 +94,12 @@ def _split(flat: Tensor, specs: Sequence[GroupSpec]) -> dict[str, Tensor]:
 # --- the selection rules: {layer: keep count} -> {layer: (rows_l,) bool} ----------------------
 
 
-def first_rows(ranking: Tensor, k: int, count: int) -> Tensor:
-    """Bool ``(count,)`` mask of the first ``k`` rows of ``ranking`` (row indices, best first)."""
-    mask = torch.zeros(count, dtype=torch.bool, device=ranking.device)
-    mask[ranking[:k]] = True
-    return mask
+first_rows = keep_ranked  # (ranking, k, count) -> (count,) bool: the first k of ranking
 
 
 def random_rows(count: int, k: int, generator: torch.Generator) -> Tensor:
     """Bool ``(count,)`` mask of ``k`` rows drawn uniformly without replacement."""
     return first_rows(torch.randperm(count, generator=generator, device=generator.device), k, count)
-
-
-def score_ranking(scores: Tensor, generator: torch.Generator) -> Tensor:
-    """Row indices ``(count,)`` by descending score, ties in uniformly random order."""
-    perm = torch.randperm(scores.numel(), generator=generator, device=generator.device)
-    return perm[torch.sort(scores[perm], descending=True, stable=True).indices]
 
 
 def top_rows(scores: Tensor, k: int, generator: torch.Generator) -> Tensor:
@@ -120,8 +111,12 @@ def top_by_score(
     scores: Mapping[str, Tensor], keep: Mapping[str, int], generator: torch.Generator
 ) -> dict[str, Tensor]:
     """Per layer, the ``keep[layer]`` rows with the highest ``scores[layer]`` ``(rows_l,)``,
-    ties at random (layers in ``keep``'s order, which fixes the generator's draws)."""
-    return {name: top_rows(scores[name], k, generator) for name, k in keep.items()}
+    ties at random (layers in ``keep``'s order, which fixes the generator's draws): the family's
+    score-ranked rule (:func:`~fedcomm.algorithms._submodel_units.by_score`)."""
+    return {
+        n: keep_ranked(score_ranking(scores[n], generator), k, len(scores[n]))
+        for n, k in keep.items()
+    }
 
 
 # --- the two stages' patterns ------------------------------------------------------------------
@@ -150,7 +145,7 @@ def score_pattern(
     if scope == "global":
         flat = torch.cat([scores[s.name] for s in specs])
         return _split(top_rows(flat, kept_count(flat.numel(), p), generator), specs)
-    return top_by_score(scores, keep_counts(specs, p), generator)
+    return select(specs, keep_counts(specs, p), by_score(scores, generator))  # the family's rule
 
 
 # --- stage one's loss trend and the score vector E ----------------------------------------------

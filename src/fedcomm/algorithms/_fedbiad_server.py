@@ -32,9 +32,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms import feddrop
 from fedcomm.algorithms._fedbiad_rows import validate_model
 from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks
+from fedcomm.algorithms._submodel_units import param_masks, unit_layers
 from fedcomm.algorithms.base import Uplink, weighted_mean
 from fedcomm.comm.payload import Entry, Free, Payload
 from fedcomm.models.groups import GroupSpec
@@ -84,9 +84,9 @@ def holder_masks(
 ) -> dict[str, Tensor]:
     """``next_columns: holders``: the entry masks of ``β`` plus, in the next layer, the input
     columns reading each dropped row (FedDrop's sub-model masks; every parameter present)."""
-    layers = feddrop.unit_layers(model)  # ValueError for non-sequential models
+    layers = unit_layers(model, "fedbiad")  # ValueError for non-sequential models
     whole = {s.name: torch.ones(s.count, dtype=torch.bool, device="cpu") for s in layers}
-    return feddrop.param_masks(layers, whole | {s.name: beta[s.name] for s in specs}, params)
+    return param_masks(layers, whole | {s.name: beta[s.name] for s in specs}, params)
 
 
 def check_model(next_columns: str, model: nn.Module) -> None:
@@ -95,7 +95,7 @@ def check_model(next_columns: str, model: nn.Module) -> None:
     if next_columns != "holders":
         return
     try:
-        feddrop.unit_layers(model)  # the sequential chains holder_masks works on
+        unit_layers(model, "fedbiad")  # the sequential chains holder_masks works on
     except ValueError:
         raise ValueError(
             "fedbiad: next_columns 'holders' needs a sequential model (mlp, cnn, "

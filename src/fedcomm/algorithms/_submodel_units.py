@@ -15,8 +15,8 @@ layer order, so rules drawing from one generator draw in that order. The family'
 * L1-ranked (FedMP): units by descending L1 norm (stable);
 * ordered (HeteroFL, FjORD): the index order, so a width-``r`` sub-model is a prefix
   (:func:`ordered`, :func:`slice_masks`);
-* score-ranked (FedBIAD's stage two, ``fedbiad.top_rows``): by a score vector, ties at random:
-  the rule ``lambda spec, n: perm[sort(scores[spec.name][perm], descending).indices]``.
+* score-ranked (FedBIAD's stage two: the rows' Bayesian scores ``E``, Eq. 9): by descending
+  score, ties in random order (:func:`score_ranking`, :func:`by_score`).
 """
 
 from __future__ import annotations
@@ -115,6 +115,17 @@ def keep_ranked(ranking: Tensor, n_keep: int, count: int) -> Tensor:
     keep = torch.zeros(count, dtype=torch.bool, device=ranking.device)
     keep[ranking[:n_keep]] = True
     return keep
+
+
+def score_ranking(scores: Tensor, generator: torch.Generator) -> Tensor:
+    """Unit indices ``(count,)`` by descending ``scores``, ties in uniformly random order."""
+    perm = torch.randperm(scores.numel(), generator=generator, device=generator.device)
+    return perm[torch.sort(scores[perm], descending=True, stable=True).indices]
+
+
+def by_score(scores: Mapping[str, Tensor], generator: torch.Generator) -> Rank:
+    """The score-ranked rule: each layer's units by descending ``scores[layer]``, ties at random."""
+    return lambda spec, n_keep: score_ranking(scores[spec.name], generator)
 
 
 def select(layers: Sequence[GroupSpec], counts: Mapping[str, int], rank: Rank) -> dict[str, Tensor]:
