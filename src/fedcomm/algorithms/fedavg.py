@@ -21,15 +21,17 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._reuse import Reused
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
+from fedcomm.algorithms._context import (
     ClientContext,
     ClientData,
     ClientResult,
-    FedAlgorithm,
     RoundContext,
     Uplink,
+)
+from fedcomm.algorithms._reuse import Reused
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    FedAlgorithm,
     client_weights,
     clone_params,
     job_algorithm,

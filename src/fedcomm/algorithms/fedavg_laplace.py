@@ -33,14 +33,16 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomm.algorithms import _jobs, _local, fedavg
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
+from fedcomm.algorithms._context import (
     ClientContext,
     ClientData,
     ClientResult,
-    FedAlgorithm,
     RoundContext,
     Uplink,
+)
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    FedAlgorithm,
     client_weights,
     clone_params,
     job_algorithm,

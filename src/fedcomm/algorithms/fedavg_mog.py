@@ -37,14 +37,16 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
+from fedcomm.algorithms._context import (
     ClientContext,
     ClientData,
     ClientResult,
-    FedAlgorithm,
     RoundContext,
     Uplink,
+)
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    FedAlgorithm,
     job_algorithm,
     join_members,
     register,

@@ -46,6 +46,13 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedcomm.algorithms import _jobs, _local
+from fedcomm.algorithms._context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
 from fedcomm.algorithms._fedbiad_bayes import (
     KL_COEF,
     S_TILDE,
@@ -79,12 +86,7 @@ from fedcomm.algorithms._fedbiad_server import (
 from fedcomm.algorithms._grouped import entry_masks
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
     FedAlgorithm,
-    RoundContext,
-    Uplink,
     client_weights,
     clone_params,
     job_algorithm,

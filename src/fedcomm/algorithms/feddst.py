@@ -55,22 +55,19 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedcomm.algorithms import _feddst_client, _jobs, _masks
-from fedcomm.algorithms._feddst_client import ClientShared, ClientState, frozen_masks, masks_of
-from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
-from fedcomm.algorithms._masks import Masks
-from fedcomm.algorithms._sparse_train import SparseConfig, churn, layers_of, validate_model
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms._context import (
     ClientContext,
     ClientData,
-    FedAlgorithm,
     Message,
     RoundContext,
     Uplink,
     WarmStartContext,
-    client_weights,
-    job_algorithm,
-    register,
 )
+from fedcomm.algorithms._feddst_client import ClientShared, ClientState, frozen_masks, masks_of
+from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
+from fedcomm.algorithms._masks import Masks
+from fedcomm.algorithms._sparse_train import SparseConfig, churn, layers_of, validate_model
+from fedcomm.algorithms.base import FedAlgorithm, client_weights, job_algorithm, register
 from fedcomm.comm.payload import Payload
 from fedcomm.types import Params
 

@@ -25,15 +25,17 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._grouped import decode_groups, encode_groups
-from fedcomm.algorithms.base import (
-    AlgorithmConfig,
+from fedcomm.algorithms._context import (
     ClientContext,
     ClientData,
     ClientResult,
-    FedAlgorithm,
     RoundContext,
     Uplink,
+)
+from fedcomm.algorithms._grouped import decode_groups, encode_groups
+from fedcomm.algorithms.base import (
+    AlgorithmConfig,
+    FedAlgorithm,
     client_weights,
     clone_params,
     job_algorithm,

@@ -45,6 +45,13 @@ from pydantic import ConfigDict, Field
 from torch import Tensor
 
 from fedcomm.algorithms import _jobs, _local
+from fedcomm.algorithms._context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
 from fedcomm.algorithms._fedsparse_gates import L0_SHIFT, gate_probs, initial_v, sample_z
 from fedcomm.algorithms._fedsparse_gates import gate_logits as gate_logits
 from fedcomm.algorithms._fedsparse_gates import hard_concrete as hard_concrete
@@ -70,12 +77,7 @@ from fedcomm.algorithms._fedsparse_server import (
 from fedcomm.algorithms._reuse import Reused
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
     FedAlgorithm,
-    RoundContext,
-    Uplink,
     client_weights,
     job_algorithm,
     register,

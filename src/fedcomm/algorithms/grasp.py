@@ -46,14 +46,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedcomm.algorithms import _local, _masks, feddst
+from fedcomm.algorithms._context import ClientData, Message, WarmStartContext
 from fedcomm.algorithms._sparse_train import SparseConfig
-from fedcomm.algorithms.base import (
-    ClientData,
-    FedAlgorithm,
-    Message,
-    WarmStartContext,
-    register,
-)
+from fedcomm.algorithms.base import FedAlgorithm, register
 from fedcomm.comm.payload import Mask, Payload
 
 

@@ -58,6 +58,13 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
+from fedcomm.algorithms._context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
 from fedcomm.algorithms._progfed_charge import (
     WarmupCharge,
     charged_values,
@@ -87,12 +94,7 @@ from fedcomm.algorithms._progfed_schedule import (
 )
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
     FedAlgorithm,
-    RoundContext,
-    Uplink,
     client_weights,
     clone_params,
     no_client_state,

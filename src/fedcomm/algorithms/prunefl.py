@@ -51,6 +51,15 @@ from pydantic import Field, PositiveFloat
 from torch import Tensor
 
 from fedcomm.algorithms import _masks
+from fedcomm.algorithms._context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    Message,
+    RoundContext,
+    Uplink,
+    WarmStartContext,
+)
 from fedcomm.algorithms._prunefl_client import (
     GRAD,
     MASK,
@@ -66,14 +75,7 @@ from fedcomm.algorithms._prunefl_times import entry_times, maskable, validate_mo
 from fedcomm.algorithms._sparse_train import churn
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
-    ClientContext,
-    ClientData,
-    ClientResult,
     FedAlgorithm,
-    Message,
-    RoundContext,
-    Uplink,
-    WarmStartContext,
     client_weights,
     clone_params,
     register,
