@@ -6,20 +6,28 @@
 * up: ``w/<name>`` the client's update on the same entries; in readjustment rounds also
   ``grad/<name>``, the dense last-minibatch gradient of every maskable entry (32 bits each).
 
+With ``N_m`` maskable entries, ``d`` the mask's density and ``B`` dense entries: down
+``32·d·N_m + 32·B`` bits, plus ``N_m`` mask bits only when the mask changed since this client
+last got one (clients start holding the all-ones mask, as in FedDST; otherwise the mask is
+``Free``: the client reuses its copy); up ``32·d·N_m + 32·B`` bits, plus ``32·N_m`` for the
+gradient in rounds ``first_readjust + k·readjust_every``.
+
 Both ends know the mask, so the values are packed and unpacked against it (:func:`pack`,
 :func:`unpack`): an upload carries no mask. The client trains only the active weights and keeps
-the last minibatch's gradient (:func:`train_masked`).
+the last minibatch's gradient (:func:`train_masked`); its state is the version of the mask it
+holds (:class:`ClientState`). The server averages the uploaded gradients (:func:`mean_gradient`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from fedcomm.algorithms import _local, _masks
-from fedcomm.algorithms.base import ClientData
+from fedcomm.algorithms.base import ClientData, Uplink, weighted_mean
 from fedcomm.comm.payload import Dense, Entry, Free, Mask, Payload
 from fedcomm.types import Params
 
@@ -27,6 +35,11 @@ W = "w/"  # f"w/{param}": active values (maskable) or the whole tensor (dense), 
 MASK = "mask/"  # f"mask/{param}": the mask (Mask: 1 bit per entry; Free: the client's own copy)
 GRAD = "grad/"  # f"grad/{param}": the dense last-minibatch gradient (readjustment rounds only)
 VERSION = "mask_version"  # Free: which mask the client now holds (simulator bookkeeping)
+
+
+@dataclass(frozen=True)
+class ClientState:
+    mask_version: int = 0  # the mask the client holds; 0 = the all-ones mask it starts with
 
 
 def pack(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> dict[str, Entry]:
@@ -74,6 +87,12 @@ def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Para
     start = unpack(down, shapes, masks)
     delta = unpack(up, shapes, masks)
     return {k: start[k] + delta[k] for k in names}
+
+
+def mean_gradient(uplinks: Sequence[Uplink], masks: Mapping[str, Tensor]) -> Params:
+    """The unweighted mean (as the code) of the clients' uploaded ``grad/<name>``, one per mask."""
+    grads = [{k: u.tensors[GRAD + k].reshape(m.shape) for k, m in masks.items()} for u in uplinks]
+    return weighted_mean(grads, [1.0] * len(grads))
 
 
 def train_masked(

@@ -4,7 +4,9 @@ Bibikar et al., "Federated Dynamic Sparse Training: Computing Less, Communicatin
 Learning Better", AAAI 2022 (arXiv:2112.09824). The paper body was not available; behaviour
 follows the official code (bibikar/feddst @ 25d6184) as read in ``specs/feddst-progfed.md`` §1.
 Equation numbers are the paper's (``papers/feddst.txt``): (2) the cosine ``α_r``, (3) the sparse
-weighted average. Masks, layer budgets ``k_l(S)`` and messages: :mod:`fedcomm.algorithms._masks`.
+weighted average. Masks, layer budgets ``k_l(S)`` and messages: :mod:`fedcomm.algorithms._masks`;
+the readjustment (Eq. 2, prune, regrow, its schedule): :mod:`fedcomm.algorithms._feddst_readjust`;
+the client's masked job and upload: :mod:`fedcomm.algorithms._feddst_client`.
 
 * init: ``m_0`` = layer-wise magnitude pruning of ``θ_0`` to ``k_l(S)`` (``distribution``);
 * client: local SGD (``train.local``: lr, momentum, weight decay; a fresh optimizer each round)
@@ -44,13 +46,11 @@ rounding). Not reproduced: sampling with replacement, fixed minibatches, double 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal
 
-import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -63,15 +63,34 @@ from fedcomm.algorithms._context import (
     Uplink,
     WarmStartContext,
 )
-from fedcomm.algorithms._feddst_client import ClientShared, ClientState, frozen_masks, masks_of
+from fedcomm.algorithms._feddst_client import ClientShared, ClientState, frozen_masks
 from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
+from fedcomm.algorithms._feddst_readjust import (
+    DEFAULT_READJUST_END,
+    Readjustment,
+    annealed_ratio,
+    prune,
+    pruned_sparsity,
+    readjust,
+    readjust_step,
+    regrow,
+)
 from fedcomm.algorithms._masks import Masks
 from fedcomm.algorithms._sparse_train import SparseConfig, churn, layers_of, validate_model
 from fedcomm.algorithms.base import FedAlgorithm, client_weights, job_algorithm, register
 from fedcomm.comm.payload import Payload
 from fedcomm.types import Params
 
-DEFAULT_READJUST_END = 200  # the code's R // 2 at its default R = 400 rounds
+__all__ = [  # from the _feddst_* helpers, part of this module's API (the tests use them)
+    "DEFAULT_READJUST_END",
+    "ClientState",
+    "Readjustment",
+    "annealed_ratio",
+    "prune",
+    "pruned_sparsity",
+    "readjust",
+    "regrow",
+]
 
 
 class Config(SparseConfig):  # S, the layer budgets, the weighting: SparseConfig
@@ -126,107 +145,6 @@ def init_state(
     return ServerState(
         _masks.apply_masks(params, masks), masks, budgets, _masks.digest(masks), _masks.digest(ones)
     )
-
-
-# --- the readjustment: annealed ratio, prune by magnitude, regrow by gradient --------------------
-
-
-def annealed_ratio(alpha: float, round_: int, end: int, schedule: str) -> float:  # Eq. 2
-    """``α_r``, 0 from ``R_end`` on: ``cosine`` ``α/2·(1 + cos(π r / R_end))`` (RigL's intent),
-    ``gate_only`` ``α`` (the code: the cosine only decides whether to readjust)."""
-    if round_ >= end or alpha <= 0:
-        return 0.0
-    if schedule == "cosine":
-        return alpha / 2 * (1 + math.cos(math.pi * round_ / end))
-    return alpha
-
-
-def pruned_sparsity(S: float, alpha_r: float) -> float:
-    """``S' = S + (1 − S)·α_r``: the sparsity a client prunes to before it regrows to ``S``."""
-    return S + (1 - S) * alpha_r
-
-
-@dataclass(frozen=True)
-class Readjustment:
-    """When and how clients readjust their masks (absent: the mask is fixed)."""
-
-    alpha: float
-    every: int = 10
-    end: int = DEFAULT_READJUST_END
-    schedule: str = "gate_only"
-    candidates: str = "all"
-    at_epoch: int | None = None
-    upload_mask: _masks.MaskCharge = "sent"
-
-    def alpha_at(self, round_: int) -> float:
-        """``α_r``: the pruning ratio of round ``round_`` (Eq. 2, :func:`annealed_ratio`)."""
-        return annealed_ratio(self.alpha, round_, self.end, self.schedule)
-
-    def due(self, round_: int) -> bool:
-        """Rounds ``1, 1 + ΔR, …`` while ``α_r > 0``."""
-        return (round_ - 1) % self.every == 0 and self.alpha_at(round_) > 0
-
-
-def prune(theta: Tensor, mask: Tensor, keep: int) -> Tensor:
-    """Magnitude pruning of one layer: its ``keep = k_l(S')`` largest ``|θ|`` among the active
-    entries."""
-    return _masks.top_k(theta.abs(), keep, mask)
-
-
-def regrow(grad: Tensor, kept: Tensor, target: int, candidates: str) -> Tensor:
-    """``target − #kept`` entries (back to ``k_l(S)``) of largest ``|g|`` among ``candidates``:
-    ``all`` entries (the code: kept ones too) or the ``inactive`` ones."""
-    n_grow = max(0, target - int(kept.sum()))
-    return _masks.top_k(grad.abs(), n_grow, None if candidates == "all" else ~kept)
-
-
-def readjust(
-    params: Mapping[str, Tensor],
-    masks: Mapping[str, Tensor],
-    grads: Mapping[str, Tensor],
-    keep: Mapping[str, int],
-    target: Mapping[str, int],
-    candidates: str,
-) -> tuple[Params, Masks]:
-    """Per layer: :func:`prune` to ``keep[l]``, :func:`regrow` to ``target[l]`` and set the grown
-    entries to 0. Returns new ``(θ ⊙ m, m)``."""
-    new_params, new_masks = dict(params), {}
-    for name, m in masks.items():
-        kept = prune(params[name], m, keep[name])
-        grown = regrow(grads[name], kept, target[name], candidates)
-        new_masks[name] = kept | grown
-        new_params[name] = torch.where(kept & ~grown, params[name], 0.0)
-    return new_params, new_masks
-
-
-def readjust_step(
-    cfg: SparseConfig,
-    adjust: Readjustment,
-    data: ClientData,
-    ctx: ClientContext,
-    names: Sequence[str],
-    i: int,
-    loss: float,
-    live: Mapping[str, Tensor],
-    frozen: Mapping[str, Tensor],
-    idx: Tensor,
-) -> tuple[Params, Params]:
-    """The client's readjustment after its step ``i`` (a job's ``after_step``): the dense CE
-    gradient on that step's minibatch ``idx``, then :func:`readjust`: prune to ``k_l(S')``,
-    regrow to ``k_l(S)``."""
-    S, layers = cfg.sparsity, layers_of(ctx.model)
-    s_prune = pruned_sparsity(S, adjust.alpha_at(ctx.round_))
-    current = masks_of(frozen, names)
-    grads = _feddst_client.ce_grads(ctx.model, live, list(current), data.x[idx], data.y[idx])
-    new_params, new_masks = readjust(
-        live,
-        current,
-        grads,
-        _masks.layer_budgets(layers, s_prune, cfg.distribution),
-        _masks.layer_budgets(layers, S, cfg.distribution),
-        adjust.candidates,
-    )
-    return {k: new_params[k] for k in new_masks}, frozen_masks(new_masks)
 
 
 # --- the client ----------------------------------------------------------------------------------

@@ -5,13 +5,9 @@ Jiang et al., "Model Pruning Enables Efficient Federated Learning on Edge Device
 it (``specs/feddst-progfed.md`` §1(c), §1(d)). Maskable: the ``weight`` of every Conv/Linear
 layer (first and last included); biases and everything else are dense and never masked.
 
-Readjustment (:func:`readjust`, from gradients ``g`` of the maskable entries, per-entry times
-``t_l`` of their layers and the pruned fraction ``p``): take entries in descending ``g²`` while
-``g²/t_l ≥ Σ g²/(c + Σ t)`` over the entries already taken (``c``: ``time_offset``, the code's
-``t = 0.2``) or while at most ``(1 − p)·N`` have been taken (the code's ``n_grown <= n_required``,
-so ``⌊(1 − p)·N⌋ + 1`` are always kept); stop at the first entry that meets neither. The mask is
-the entries taken. ``p = p_initial`` in phase one, ``p_federated · p_decay^j`` at the j-th
-federated readjustment (``p_exponent: round``: the code's ``0.3·0.5^server_round``, 0-based).
+Readjustment (:func:`readjust`): a new mask from the gradients ``g`` of the maskable entries,
+their per-entry times ``t_l`` and the pruned fraction ``p`` (``p_initial`` in phase one, then
+:func:`prune_fraction`): :mod:`fedcomm.algorithms._prunefl_readjust` (the rule in full).
 
 Per-entry times ``t_l`` (``layer_time``: ``uniform``, ``flops`` or a measured list) and the
 maskable layers: :mod:`fedcomm.algorithms._prunefl_times`; the messages and masked local training:
@@ -25,14 +21,12 @@ maskable layers: :mod:`fedcomm.algorithms._prunefl_times`; the messages and mask
   of the mask. Its resulting sparse model becomes the global model. Charged once, at round 0:
   the client's upload of the active values, the biases and the mask (1 bit per maskable entry);
   the initial model it starts from is a seed (free), as in FedDST.
-* Round ``r``: the server sends the active values and the dense parameters (32 bits each), plus
-  the mask (1 bit per maskable entry) only when the mask changed since this client last got one
-  (clients start holding the all-ones mask, as in FedDST; otherwise the mask is ``Free``: the
-  client reuses its copy). The client trains only active weights (masked-out weights zeroed
-  after every step) and uploads its update on the active entries and the dense parameters
-  (32·d·N_m + 32·B bits). In rounds ``first_readjust + k·readjust_every`` it also uploads its
-  dense last-minibatch gradient of every maskable entry (32·N_m bits). Clients never change the
-  mask.
+* Round ``r``: the server sends the active values and the dense parameters, plus the mask only
+  when it changed since this client last got one (clients start holding the all-ones mask, as in
+  FedDST). The client trains only active weights (masked-out weights zeroed after every step)
+  and uploads its update on the active entries and the dense parameters; in rounds
+  ``first_readjust + k·readjust_every`` also its dense last-minibatch gradient of every maskable
+  entry. Clients never change the mask. The bits: :mod:`fedcomm.algorithms._prunefl_client`.
 * Server: ``w ← mask ⊙ (w + server_opt(Σ_k n_k Δ_k / Σ_k n_k))`` (the default ``sgd``, lr 1, is
   the weighted average of the active values); in readjustment rounds it then averages the
   gradients (unweighted, as the code) and readjusts the mask; weights leaving it are zeroed,
@@ -64,13 +58,16 @@ from fedcomm.algorithms._prunefl_client import (
     GRAD,
     MASK,
     VERSION,
+    ClientState,
     downlink,
     masks_of,
+    mean_gradient,
     pack,
     train_masked,
     unpack,
     uploaded_model,
 )
+from fedcomm.algorithms._prunefl_readjust import is_readjust, prune_fraction, readjust
 from fedcomm.algorithms._prunefl_times import entry_times, maskable, validate_model
 from fedcomm.algorithms._sparse_train import churn
 from fedcomm.algorithms.base import (
@@ -121,11 +118,6 @@ class Config(AlgorithmConfig):
 
 
 @dataclass(frozen=True)
-class ClientState:
-    mask_version: int = 0  # the mask the client holds; 0 = the all-ones mask it starts with
-
-
-@dataclass(frozen=True)
 class ServerState:
     params: Params  # zero outside the mask
     opt_state: OptState
@@ -136,46 +128,6 @@ class ServerState:
     churn: float | None = None  # fraction of the mask changed by this round's readjustment
     p: float | None = None  # the pruned fraction used by this round's readjustment
     phase_one_rounds: int = 0
-
-
-# --- the adaptive mask update ---------------------------------------------------------------------
-
-
-def readjust(
-    grads: Mapping[str, Tensor], times: Mapping[str, float], p: float, offset: float
-) -> dict[str, Tensor]:
-    """PruneFL's new mask (bool, per key of ``grads``): entries in descending ``g²`` (ties in
-    key-then-index order) while ``g²/t ≥ Σg²/(c + Σt)`` over those taken, or while at most
-    ``(1 − p)·N`` are taken."""
-    names = list(grads)
-    g2 = torch.cat([grads[n].detach().reshape(-1).double() ** 2 for n in names])  # (N,)
-    dev = g2.device
-    t = torch.cat(
-        [torch.full((grads[n].numel(),), times[n], dtype=torch.float64, device=dev) for n in names]
-    )
-    order = torch.sort(g2, descending=True, stable=True).indices
-    g2s, ts = g2[order], t[order]
-    before_g2 = torch.cumsum(g2s, 0) - g2s  # Σg² of the entries taken before this one
-    denom = offset + torch.cumsum(ts, 0) - ts
-    bar = torch.where(denom > 0, before_g2 / denom.clamp_min(1e-300), 0.0)
-    floor = round((1.0 - p) * g2.numel(), 9)  # guarded: 0.7·10 = 7.000000000000001
-    ok = (g2s / ts >= bar) | (torch.arange(g2.numel(), dtype=torch.float64, device=dev) <= floor)
-    kept = int(ok.numel()) if bool(ok.all()) else int((~ok).nonzero()[0])
-    flat = torch.zeros(g2.numel(), dtype=torch.bool, device=dev)
-    flat[order[:kept]] = True
-    pieces = flat.split([grads[n].numel() for n in names])
-    return {n: m.reshape(grads[n].shape) for n, m in zip(names, pieces, strict=True)}
-
-
-def prune_fraction(cfg: Config, readjustment: int, round_: int) -> float:
-    """``p`` at the ``readjustment``-th federated readjustment (1-based), in round ``round_``."""
-    j = readjustment if cfg.p_exponent == "readjustment" else round_ - 1
-    return cfg.p_federated * cfg.p_decay**j
-
-
-def is_readjust(round_: int, first: int, every: int) -> bool:
-    """Rounds ``first, first + every, …`` (1-based; the code's 0-based ``(r − 1) % ΔR == 0``)."""
-    return round_ >= first and (round_ - first) % every == 0
 
 
 # --- phase one: one client prunes the initial model ----------------------------------------------
@@ -276,12 +228,9 @@ def readjust_mask(
     gradients (as the code) with ``p`` of :func:`prune_fraction`; leaving weights are zeroed."""
     if state.times is None:
         raise ValueError("prunefl: layer times unknown (flops needs warm_start)")
-    shapes = {k: state.params[k].shape for k in state.masks}
-    grads = [{k: u.tensors[GRAD + k].reshape(s) for k, s in shapes.items()} for u in uplinks]
-    mean = weighted_mean(grads, [1.0] * len(grads))  # unweighted, as the code
     j = state.readjustments + 1
     p = prune_fraction(cfg, j, round_)
-    new = readjust(mean, state.times, p, cfg.time_offset)
+    new = readjust(mean_gradient(uplinks, state.masks), state.times, p, cfg.time_offset)
     change = churn(state.masks, new)
     return replace(
         state,

@@ -1,6 +1,6 @@
 """The named pieces FedDST and PruneFL are built from (issue 18): FedDST's annealed ratio (Eq. 2),
-prune and regrow, its client's readjustment plan and downlink cache; PruneFL's messages; the
-shared mask churn."""
+prune and regrow, its client's readjustment plan and downlink cache; PruneFL's messages, its
+mask update's schedule and gradient mean; the shared mask churn."""
 
 from __future__ import annotations
 
@@ -10,12 +10,20 @@ import pytest
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms import _feddst_client, _masks, feddst, prunefl
+from fedcomm.algorithms import (
+    _feddst_client,
+    _feddst_readjust,
+    _masks,
+    _prunefl_client,
+    _prunefl_readjust,
+    feddst,
+    prunefl,
+)
 from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
 from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms._prunefl_client import downlink, pack, unpack
+from fedcomm.algorithms._prunefl_client import GRAD, downlink, mean_gradient, pack, unpack
 from fedcomm.algorithms._sparse_train import churn
-from fedcomm.algorithms.base import ClientContext, ClientData
+from fedcomm.algorithms.base import ClientContext, ClientData, Uplink
 from fedcomm.comm.payload import Free, Mask
 
 
@@ -90,3 +98,23 @@ def test_prunefl_messages_round_trip_on_the_mask() -> None:
     got = unpack({k: e.decode() for k, e in pack(params, masks).items()}, params, masks)
     assert got["w"].tolist() == [[1.0, 0.0], [0.0, 4.0]] and got["b"].tolist() == [1.0, 1.0]
     assert prunefl.masked is _masks.apply_masks
+
+
+def test_the_algorithm_modules_re_export_their_helpers_names() -> None:
+    for name in ("annealed_ratio", "pruned_sparsity", "prune", "regrow", "readjust"):
+        assert getattr(feddst, name) is getattr(_feddst_readjust, name)
+    assert feddst.Readjustment is _feddst_readjust.Readjustment
+    assert feddst.DEFAULT_READJUST_END == _feddst_readjust.DEFAULT_READJUST_END == 200
+    for name in ("readjust", "prune_fraction", "is_readjust"):
+        assert getattr(prunefl, name) is getattr(_prunefl_readjust, name)
+    assert prunefl.ClientState is _prunefl_client.ClientState
+
+
+def test_prunefl_averages_the_uploaded_gradients_unweighted() -> None:
+    masks = {"w": torch.ones(2, 2, dtype=torch.bool)}
+    ups = [
+        Uplink(0, 10, {GRAD + "w": torch.tensor([1.0, 2.0, 3.0, 4.0])}),
+        Uplink(1, 1, {GRAD + "w": torch.tensor([3.0, 2.0, 1.0, 0.0])}),
+    ]
+    mean = mean_gradient(ups, masks)
+    assert mean["w"].shape == (2, 2) and mean["w"].tolist() == [[2.0, 2.0], [2.0, 2.0]]
