@@ -1,5 +1,6 @@
 """FedBIAD's rows and dropping patterns ``β``: which rows can drop, how many each layer keeps,
-the two stages' patterns and the score vector ``E`` (Algorithm 1, lines 10-26; Eqs. 8-9).
+the two stages' patterns and the score vector ``E`` (Algorithm 1, lines 10-26; Eqs. 8-9),
+stage one's check after each local step included (:func:`stage_one_check`).
 
 Rows (``models.groups.rows``): Linear ``W[j,:]`` + ``b[j]``, conv filters, the rows of the
 recurrent layers' matrices with their bias rows (which matrices: ``lstm_rows``), embedding
@@ -32,13 +33,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from fedcomm.algorithms._fedbiad_bayes import row_masks
 from fedcomm.algorithms._submodel_units import by_score, keep_ranked, score_ranking, select
 from fedcomm.models.groups import GroupSpec, rows
+from fedcomm.types import Params
 
 _RECURRENT = re.compile(r"weight_(ih|hh|hr)_l\d+(?:_reverse)?")  # nn.RNNBase's matrices
 
@@ -183,3 +187,51 @@ def initial_scores(specs: Sequence[GroupSpec], held: Mapping[str, Tensor]) -> di
         s.name: held[s.name].clone() if s.name in held else torch.zeros(s.count, device="cpu")
         for s in specs
     }
+
+
+# --- stage one, after each local step: Algorithm 1, lines 18-26 --------------------------------
+
+
+@dataclass
+class Track:
+    """A client's pattern state during its local training (host side, between steps)."""
+
+    beta: dict[str, Tensor]  # β: (rows_l,) bool per layer
+    scores: dict[str, Tensor]  # E: (rows_l,) float per layer
+    losses: list[float] = field(default_factory=list)  # ℓ_0, ℓ_1, … (stage one)
+    resamples: int = 0
+
+
+def stage_one_check(
+    specs: Sequence[GroupSpec],
+    p: float,
+    tau: int,
+    scope: str,
+    generator: torch.Generator,
+    like: Mapping[str, Tensor],
+    track: Track,
+    v: int,
+    loss: float,
+    live: Mapping[str, Tensor],
+    frozen: Mapping[str, Tensor],
+    idx: Tensor,
+) -> tuple[Params, Params] | None:
+    """Algorithm 1, lines 18-26, after step ``v`` of stage one (``_jobs.AfterStep``): at a check
+    point (every ``τ`` steps from ``2τ``), resample ``β`` if the loss rose (Eq. 8; ``p`` and
+    ``scope`` as :func:`random_pattern`) and update ``E`` (Eq. 9); returns the new row masks for
+    the next steps."""
+    track.losses.append(loss)
+    if not is_check_point(v, tau):
+        return None
+    window = track.losses[v - 2 * tau + 1 : v + 1]  # ℓ_{v−2τ+1..v}
+    now = track.beta
+    if trend(window, tau) > 0:  # Eq. 8: ΔL > 0
+        nxt = random_pattern(specs, p, generator, scope)
+        track.resamples += 1
+    else:
+        nxt = now
+    track.scores = {  # Eq. 9
+        s.name: score_update(window, now[s.name], nxt[s.name], track.scores[s.name]) for s in specs
+    }
+    track.beta = nxt
+    return {}, row_masks(specs, nxt, like)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedcomm.algorithms._fedsparse_gates import gate_probs
 from fedcomm.algorithms._grouped import entry_masks, member_axes, scatter_mask
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params
@@ -81,6 +82,18 @@ def zero_pruned(
     keep = entry_masks(specs, alive, params)
     params = {k: t * keep[k] if k in keep else t for k, t in params.items()}
     return params, mask_moments(opt_state, keep)
+
+
+def server_metrics(
+    params: Params, v: Params, alive: Mapping[str, Tensor], specs: Sequence[GroupSpec], T: float
+) -> dict[str, float]:
+    """Logged per round: the fraction of groups alive and the mean ``θ`` (over every group)."""
+    alive_ = torch.cat([a.float() for a in alive.values()])
+    theta = torch.cat(list(gate_probs(params, v, specs, T).values()))
+    return {
+        "fedsparse/groups_alive": float(alive_.mean()),
+        "fedsparse/theta_mean": float(theta.mean()),
+    }
 
 
 def mask_moments(state: Any, keep: Mapping[str, Tensor]) -> Any:

@@ -8,7 +8,8 @@ This module is Algorithm 1; the details live beside the code that implements the
 
 * ``_fedbiad_rows``: the droppable rows (``drop_output_layer``; ``lstm_rows``, with the paper's
   LM upload sizes computed for ``hh``/``both``), the keep counts ``ceil((1 − p)·rows_l)``
-  (``pattern_scope``), the two stages' patterns, Eq. 8's trend and Eq. 9's scores;
+  (``pattern_scope``), the two stages' patterns, Eq. 8's trend and Eq. 9's scores, and stage
+  one's check after each local step (lines 18-26, ``stage_one_check``);
 * ``_fedbiad_bayes``: the local objective, ``θ = β ∘ (U + s̃ε)`` with ``s̃²`` of Eq. 13 (its
   inputs read off the model) and the KL of Eqs. 2/5 (``kl``, ``kl_samples``, ``alpha``; why
   ``seen`` is the default: ``client`` costs 8 points on MNIST);
@@ -60,22 +61,24 @@ from fedcomm.algorithms._fedbiad_bayes import (
     likelihood_terms,
     local_program,
     model_variance,
-    posterior_variance,
     row_masks,
     weight_noise,
 )
+from fedcomm.algorithms._fedbiad_bayes import posterior_variance as posterior_variance
 from fedcomm.algorithms._fedbiad_rows import (
+    Track,
     initial_scores,
-    is_check_point,
-    keep_counts,
     random_pattern,
-    recurrent_matrix,
     row_specs,
     score_pattern,
-    score_update,
-    top_rows,
-    trend,
+    stage_one_check,
 )
+from fedcomm.algorithms._fedbiad_rows import is_check_point as is_check_point
+from fedcomm.algorithms._fedbiad_rows import keep_counts as keep_counts
+from fedcomm.algorithms._fedbiad_rows import recurrent_matrix as recurrent_matrix
+from fedcomm.algorithms._fedbiad_rows import score_update as score_update
+from fedcomm.algorithms._fedbiad_rows import top_rows as top_rows
+from fedcomm.algorithms._fedbiad_rows import trend as trend
 from fedcomm.algorithms._fedbiad_server import (
     aggregate,
     check_model,
@@ -97,13 +100,6 @@ from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState, apply_step
 from fedcomm.types import Params
-
-__all__ = [  # from the _fedbiad_* helpers, part of this module's API (the tests use them)
-    "keep_counts",
-    "posterior_variance",
-    "recurrent_matrix",
-    "top_rows",
-]
 
 
 class Config(AlgorithmConfig):
@@ -160,16 +156,6 @@ class ServerState:
     specs: tuple[GroupSpec, ...]  # the droppable row layers
 
 
-@dataclass
-class _Track:
-    """A client's pattern state during its local training (host side, between steps)."""
-
-    beta: dict[str, Tensor]  # β: (rows_l,) bool per layer
-    scores: dict[str, Tensor]  # E: (rows_l,) float per layer
-    losses: list[float] = field(default_factory=list)  # ℓ_0, ℓ_1, … (stage one)
-    resamples: int = 0
-
-
 # --- the client: Algorithm 1, ClientUpdate ----------------------------------------------------
 
 
@@ -186,43 +172,11 @@ def first_pattern(
     return score_pattern(specs, scores, cfg.p, generator, cfg.pattern_scope)  # stage two: top E
 
 
-def stage_one_check(
-    cfg: Config,
-    specs: Sequence[GroupSpec],
-    generator: torch.Generator,
-    like: Mapping[str, Tensor],
-    track: _Track,
-    v: int,
-    loss: float,
-    live: Mapping[str, Tensor],
-    frozen: Mapping[str, Tensor],
-    idx: Tensor,
-) -> tuple[Params, Params] | None:
-    """Algorithm 1, lines 18-26, after step ``v`` of stage one (``_jobs.AfterStep``): at a check
-    point, resample ``β`` if the loss rose (Eq. 8) and update ``E`` (Eq. 9); returns the new
-    row masks for the next steps."""
-    track.losses.append(loss)
-    if not is_check_point(v, cfg.tau):
-        return None
-    window = track.losses[v - 2 * cfg.tau + 1 : v + 1]  # ℓ_{v−2τ+1..v}
-    now = track.beta
-    if trend(window, cfg.tau) > 0:  # Eq. 8: ΔL > 0
-        nxt = random_pattern(specs, cfg.p, generator, cfg.pattern_scope)
-        track.resamples += 1
-    else:
-        nxt = now
-    track.scores = {  # Eq. 9
-        s.name: score_update(window, now[s.name], nxt[s.name], track.scores[s.name]) for s in specs
-    }
-    track.beta = nxt
-    return {}, row_masks(specs, nxt, like)
-
-
 def client_result(
     specs: Sequence[GroupSpec],
     down: Mapping[str, Tensor],
     data: ClientData,
-    track: _Track,
+    track: Track,
     metrics: Mapping[str, float],
     res: _jobs.JobResult,
 ) -> ClientResult:
@@ -281,7 +235,7 @@ def make(cfg: Config) -> FedAlgorithm:
             ctx.round_, len(batches), data.num_examples,
         )  # fmt: skip
         s_tilde, stage_one = math.sqrt(s2), ctx.round_ <= cfg.stage_boundary
-        track = _Track(first_pattern(cfg, specs, scores, ctx.round_, gen), scores)
+        track = Track(first_pattern(cfg, specs, scores, ctx.round_, gen), scores)
         kl_coef = kl_weight(cfg, likelihood_terms(data.y), ctx.round_, len(batches))  # Eqs. 2/5
         freeze = ctx.local.momentum > 0 or ctx.local.weight_decay > 0
         ref = next(iter(u0.values()))
@@ -290,6 +244,7 @@ def make(cfg: Config) -> FedAlgorithm:
             S_TILDE: torch.tensor(s_tilde, dtype=ref.dtype, device=ref.device),
             KL_COEF: torch.tensor(kl_coef, dtype=ref.dtype, device=ref.device),
         }
+        check = partial(stage_one_check, specs, cfg.p, cfg.tau, cfg.pattern_scope, gen, u0, track)
         metrics = {"fedbiad/s2": s2, "fedbiad/stage": 1.0 if stage_one else 2.0}
         return _jobs.new_job(
             program_for(model, freeze),
@@ -300,7 +255,7 @@ def make(cfg: Config) -> FedAlgorithm:
             partial(client_result, specs, u0, data, track, metrics),
             frozen=frozen,
             draws=partial(weight_noise, params, u0, s_tilde, gen),
-            after_step=partial(stage_one_check, cfg, specs, gen, u0, track) if stage_one else None,
+            after_step=check if stage_one else None,  # lines 18-26 (Eqs. 8-9)
             hook_steps=frozenset(range(len(batches))) if stage_one else frozenset(),
         )
 

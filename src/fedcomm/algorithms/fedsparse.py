@@ -25,11 +25,11 @@ term; ``log α = logit π`` (``gate_mapping: l0_shift`` subtracts 1.599, Eq. 41)
 over the sampled clients on the server (``weighting``). ``server_prune: false`` is the paper's
 no-pruning ablation: nothing is pruned, so the dense server model is evaluated and sent.
 ``lambda0_from_round: R`` (an ablation, not in the paper) sets λ0 = 0 before round R, so the
-gates meet the L0 cost only once the model has trained. The
-TV metrics (``fedsparse/tv_mean``, ``tv_max``: |π_sg − θ_g|, π at upload, θ at round start)
-are taken over the round's clients and the *surviving* groups (pruned groups have TV ≈ 0 and
-would only dilute the mean). A group whose initial norm is below ``T·logit(init_theta)``
-(≈ 4.6e-3) cannot start at ``init_theta``; its ``v`` is clamped (θ between 0.5 and 0.99).
+gates meet the L0 cost only once the model has trained. The TV metrics (``fedsparse/tv_mean``,
+``tv_max``: |π_sg − θ_g|, π at upload, θ at round start) are taken over the round's clients and
+the *surviving* groups (pruned groups have TV ≈ 0 and would only dilute the mean). A group whose
+initial norm is below ``T·logit(init_theta)`` (≈ 4.6e-3) cannot start at ``init_theta``; its
+``v`` is clamped (θ between 0.5 and 0.99).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from fedcomm.algorithms._fedsparse_local import layer_of as layer_of
 from fedcomm.algorithms._fedsparse_messages import decode_downlink, encode_downlink, encode_upload
 from fedcomm.algorithms._fedsparse_server import (
     prune,
+    server_metrics,
     uploaded_gates,
     v_gradient,
     weight_gradient,
@@ -186,15 +187,6 @@ def server_step(
     return ServerState(params, v, alive, w_opt_state, v_opt_state, state.specs)
 
 
-def server_metrics(state: ServerState, T: float) -> dict[str, float]:
-    alive = torch.cat([a.float() for a in state.alive.values()])
-    theta = torch.cat(list(gate_probs(state.params, state.v, state.specs, T).values()))
-    return {
-        "fedsparse/groups_alive": float(alive.mean()),
-        "fedsparse/theta_mean": float(theta.mean()),
-    }
-
-
 # ---- Algorithm 2: a client -------------------------------------------------------------------
 
 
@@ -228,7 +220,7 @@ def receive(
 
 
 def upload(
-    res: _jobs.JobResult, seen: Received, gen: torch.Generator, cfg: Config, num_examples: int
+    seen: Received, gen: torch.Generator, cfg: Config, num_examples: int, res: _jobs.JobResult
 ) -> ClientResult:
     """``π_s``; ``z_s ~ Bern(π_s)``; return ``z_s`` (over the surviving groups) and ``z_s ⊙ w_s``
     (the kept groups' weights), with the TV and upload metrics. Algorithm 2 lines 13-15"""
@@ -285,10 +277,8 @@ def make(cfg: Config) -> FedAlgorithm:
         def draws() -> dict[str, Tensor]:  # the hard-concrete noise u of each group, in order
             return next(noise, {})
 
-        def finish(res: _jobs.JobResult) -> ClientResult:
-            return upload(res, seen, gen, cfg, data.num_examples)
-
         start = {**seen.w, **{GATE + s.name: seen.v[s.name] for s in seen.specs}}  # line 3
+        finish = partial(upload, seen, gen, cfg, data.num_examples)  # lines 13-15
         return _jobs.new_job(
             program, start, data, ctx.local, batches, finish, frozen=seen.frozen, draws=draws
         )
@@ -299,7 +289,7 @@ def make(cfg: Config) -> FedAlgorithm:
         broadcast=broadcast,
         client_job=client_job,
         server_update=lambda state, uplinks, ctx: server_step(state, uplinks, cfg, w_opt, v_opt),
-        server_metrics=lambda state: server_metrics(state, cfg.T),
+        server_metrics=lambda s: server_metrics(s.params, s.v, s.alive, s.specs, cfg.T),
     )
 
 

@@ -58,6 +58,8 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
+from fedcomm.algorithms import _progfed_charge as charge
+from fedcomm.algorithms import _progfed_schedule as sched
 from fedcomm.algorithms._context import (
     ClientContext,
     ClientData,
@@ -65,13 +67,7 @@ from fedcomm.algorithms._context import (
     RoundContext,
     Uplink,
 )
-from fedcomm.algorithms._progfed_charge import (
-    WarmupCharge,
-    charged_values,
-    counter_extra,
-    with_counter,
-    without_counter,
-)
+from fedcomm.algorithms._progfed_charge import charged_values
 from fedcomm.algorithms._progfed_client import ClientState, local_run, momentum_bufs
 from fedcomm.algorithms._progfed_model import (
     active,
@@ -82,16 +78,7 @@ from fedcomm.algorithms._progfed_model import (
     trained,
     validate_model,
 )
-from fedcomm.algorithms._progfed_schedule import (
-    LrSchedule,
-    Phase,
-    at_round,
-    client_lr,
-    cosine_lr,
-    lr_factor,
-    schedule,
-    warmup_index,
-)
+from fedcomm.algorithms._progfed_schedule import Phase, cosine_lr, schedule, warmup_index
 from fedcomm.algorithms.base import (
     AlgorithmConfig,
     FedAlgorithm,
@@ -105,10 +92,10 @@ from fedcomm.algorithms.fedprox import proximal_hook
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.progressive import ProgressiveNet
-from fedcomm.server_opt import OptState
+from fedcomm.server_opt import OptState, apply_step
 from fedcomm.types import Params
 
-# the schedule and the charge live in helper modules; their names are re-exported here
+# the schedule and the charge live in helper modules; the names the tests use are re-exported
 __all__ = ["Config", "Phase", "build", "charged_values", "cosine_lr", "schedule", "warmup_index"]
 
 
@@ -126,7 +113,7 @@ class Config(AlgorithmConfig):
     warmup_rounds: int = Field(
         0, ge=0, description="W extra rounds per growth (paper: EMNIST 5, CIFAR-100 25)"
     )
-    lr_schedule: LrSchedule = Field(
+    lr_schedule: sched.LrSchedule = Field(
         "cosine", description="client lr per scheduled round (the code: cosine)"
     )
     min_lr: float = Field(1e-6, ge=0, description="floor of the cosine schedule")
@@ -146,7 +133,7 @@ class Config(AlgorithmConfig):
         "init (ablation): every parameter returns to its initial value at each growth, so the "
         "last stage is end-to-end training over ProgFed's remaining rounds and lr schedule",
     )
-    warmup_charge: WarmupCharge = Field(
+    warmup_charge: charge.WarmupCharge = Field(
         "sent",
         description="cost of a warm-up round: sent = M^s down, E_s + G_s up (what is sent); "
         "code_counter = the official code's accumulating counter, P_{s-1} + w·|E_s + G_s| "
@@ -186,7 +173,7 @@ class ServerState:
 
 def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
     """The model an upload stands for: ``θ_server + Δ`` on the trained parameters."""
-    return {k: down[k] + up[k] if k in up else down[k] for k in without_counter(down)}
+    return {k: down[k] + up[k] if k in up else down[k] for k in charge.without_counter(down)}
 
 
 @register(Config)
@@ -200,10 +187,10 @@ def build(cfg: Config) -> FedAlgorithm:
     prox = proximal_hook(2 * cfg.mu)  # the code's μ‖θ−θ_s‖² has gradient 2μ(θ−θ_s)
 
     def phase(round_: int) -> Phase:
-        return at_round(phases, round_)
+        return sched.at_round(phases, round_)
 
     def factor(ph: Phase) -> float:
-        return lr_factor(ph, rounds, cfg.lr_schedule)
+        return sched.lr_factor(ph, rounds, cfg.lr_schedule)
 
     def counter(net: ProgressiveNet, round_: int) -> tuple[int, int]:
         """``(down, up)`` values the code's counter books beyond the messages sent."""
@@ -211,7 +198,9 @@ def build(cfg: Config) -> FedAlgorithm:
         if cfg.warmup_charge == "sent" or not ph.warmup:
             return 0, 0
         submodel, new = stage_sizes(net)
-        return counter_extra(ph, at_round(windex, round_), submodel, new, cfg.warmup_charge)
+        return charge.counter_extra(
+            ph, sched.at_round(windex, round_), submodel, new, cfg.warmup_charge
+        )
 
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         net = as_net(ctx.model)
@@ -226,7 +215,7 @@ def build(cfg: Config) -> FedAlgorithm:
         """Send ``x_t^s``, the active sub-model ``M^s`` (Algorithm 1, line 15)."""
         net = as_net(ctx.model)
         down = encode_dense({k: state.params[k] for k in active(net, phase(ctx.round_))})
-        return with_counter(down, counter(net, ctx.round_)[0])
+        return charge.with_counter(down, counter(net, ctx.round_)[0])
 
     def client_update(
         down: Mapping[str, Tensor],
@@ -239,8 +228,8 @@ def build(cfg: Config) -> FedAlgorithm:
         net = as_net(ctx.model)
         ph = phase(ctx.round_)
         keys = set(trained(net, ph))
-        down = without_counter(down)
-        lr = client_lr(ctx.local.lr, factor(ph), cfg.min_lr)
+        down = charge.without_counter(down)
+        lr = sched.client_lr(ctx.local.lr, factor(ph), cfg.min_lr)
         persistent = cfg.client_momentum == "persistent"
         res = local_run(
             net,
@@ -256,7 +245,7 @@ def build(cfg: Config) -> FedAlgorithm:
         )
         delta = {k: res.params[k] - down[k] for k in down if k in keys}
         return ClientResult(
-            uplink=with_counter(encode_dense(delta), counter(net, ctx.round_)[1]),
+            uplink=charge.with_counter(encode_dense(delta), counter(net, ctx.round_)[1]),
             state=ClientState((ph.stage, ph.warmup), res.bufs) if persistent else None,
             local_params=res.params,
             num_examples=data.num_examples,
@@ -275,9 +264,7 @@ def build(cfg: Config) -> FedAlgorithm:
             [u.tensors for u in uplinks], client_weights(uplinks, cfg.weighting), keys
         )
         step, opt_state = opt.update(delta, state.opt_state)
-        params = dict(state.params)
-        for k, s in step.items():
-            params[k] = params[k] + s
+        params = apply_step(state.params, step)
         if nxt.stage != ph.stage and cfg.grow_from == "init":  # ablation: forget the stage
             params = clone_params(state.init)
         if (nxt.stage, nxt.warmup) != (ph.stage, ph.warmup):  # growth or end of warm-up

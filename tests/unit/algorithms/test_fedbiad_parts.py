@@ -1,8 +1,10 @@
-"""FedBIAD's helper modules on their own: the selection rules in the sub-model family's shape
-(``_fedbiad_rows``), the local step's hooks (``_fedbiad_bayes``) and the server's model check and
-reconstruction (``_fedbiad_server``)."""
+"""FedBIAD's helper modules on their own: the selection rules in the sub-model family's shape and
+stage one's check (``_fedbiad_rows``), the local step's hooks (``_fedbiad_bayes``) and the
+server's model check and reconstruction (``_fedbiad_server``)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -92,3 +94,28 @@ def test_reconstruct_inverts_encode_upload() -> None:
         want = t + update[k]
         assert torch.equal(values[k], torch.where(masks[k], want, 0.0) if k in masks else want)
     assert torch.equal(masks[specs[0].members[0][0]][:, 0], beta[specs[0].name])
+
+
+def test_stage_one_check_resamples_on_a_rising_trend_and_scores_at_check_points() -> None:
+    model = _mlp()
+    like = {k: p.detach() for k, p in model.named_parameters()}
+    specs = rows_.row_specs(model, drop_output_layer=True)
+    gen = torch.Generator().manual_seed(0)
+    beta0 = rows_.random_pattern(specs, 0.5, gen)
+    track = rows_.Track(beta0, rows_.initial_scores(specs, {}))
+    check = partial(rows_.stage_one_check, specs, 0.5, 2, "layer", gen, like, track)
+    step = partial(check, live={}, frozen={}, idx=torch.zeros(0))
+    assert [step(v, loss) for v, loss in enumerate([1.0, 1.0, 1.0, 2.0])] == [None] * 4
+    live, masks = step(4, 2.0)  # v = 2τ: ΔL = mean(2, 2) − mean(1, 1) > 0 (Eq. 8)
+    assert live == {} and track.resamples == 1 and track.beta is not beta0
+    assert masks.keys() == bayes.row_masks(specs, track.beta, like).keys()
+    for s in specs:  # Eq. 9: a row held before gains 1 iff it is held after the resample
+        want = (beta0[s.name] & track.beta[s.name]).float()
+        assert torch.equal(track.scores[s.name], want)
+    beta1 = track.beta
+    assert step(5, 1.0) is None
+    assert step(6, 0.5) is not None  # ΔL = mean(1, 0.5) − mean(2, 2) ≤ 0: β kept
+    assert track.beta is beta1 and track.resamples == 1
+    for s in specs:  # every row held now gains 1
+        want = (beta0[s.name] & beta1[s.name]).float() + beta1[s.name].float()
+        assert torch.equal(track.scores[s.name], want)

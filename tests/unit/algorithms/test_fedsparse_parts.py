@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedcomm.algorithms._fedsparse_gates import gate_probs
 from fedcomm.algorithms._fedsparse_messages import decode_downlink, encode_downlink, encode_upload
 from fedcomm.algorithms._fedsparse_penalties import drift, l0_cost, prior_log_likelihood
-from fedcomm.algorithms._fedsparse_server import prune, zero_pruned
+from fedcomm.algorithms._fedsparse_server import prune, server_metrics, zero_pruned
 from fedcomm.models import build_model, groups
 
 
@@ -69,3 +70,12 @@ def test_pruned_groups_stay_pruned_with_zero_weights_and_moments() -> None:
         assert torch.all(w[name][:, ~kept] == 0) and torch.all(moments[name][:, ~kept] == 0)
         assert torch.equal(w[name][:, kept], params[name][:, kept])
     assert torch.equal(moments["fc1.bias"], torch.ones(3))  # ungated: untouched
+
+
+def test_server_metrics_count_alive_groups_and_average_theta_over_all() -> None:
+    params, specs, alive = _hand()
+    v = {s.name: torch.zeros(s.count) for s in specs}
+    got = server_metrics(params, v, alive, specs, 1e-3)
+    assert got["fedsparse/groups_alive"] == pytest.approx(5 / 7)
+    theta = torch.cat(list(gate_probs(params, v, specs, 1e-3).values()))
+    assert got["fedsparse/theta_mean"] == pytest.approx(float(theta.mean()))  # pruned included
