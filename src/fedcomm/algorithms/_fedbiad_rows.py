@@ -21,11 +21,10 @@ model 75.3 MB, 39.1 MB: both of the paper's sizes at its rounding), ``both`` 32�
 neither matches. (``ih`` uploads as much as ``hh`` when the LSTM's input and hidden sizes are
 equal; ``hh`` is the paper's "recurrent connections".)
 
-Patterns are ``{layer: (rows_l,) bool}``. The selection rules are standalone, in the shape of
-the sub-model dropout family's rules: :func:`score_ranking` ranks one layer's rows (best first,
-ties at random), :func:`first_rows` keeps a ranking's first ``k``, and stage two's rule
-:func:`top_by_score` maps ``(scores per layer, keep counts per layer, generator)`` to
-``{layer: (rows_l,) bool}``.
+Patterns are ``{layer: (rows_l,) bool}``. Stage two's rule is the sub-model dropout family's
+score-ranked rule (:func:`~fedcomm.algorithms._submodel_units.by_score`, composed with
+``select``): each layer's rows by descending score ``E``, ties at random, the first
+``ceil((1 − p)·rows_l)`` kept.
 """
 
 from __future__ import annotations
@@ -98,29 +97,16 @@ def _split(flat: Tensor, specs: Sequence[GroupSpec]) -> dict[str, Tensor]:
 # --- the selection rules: {layer: keep count} -> {layer: (rows_l,) bool} ----------------------
 
 
-first_rows = keep_ranked  # (ranking, k, count) -> (count,) bool: the first k of ranking
-
-
 def random_rows(count: int, k: int, generator: torch.Generator) -> Tensor:
     """Bool ``(count,)`` mask of ``k`` rows drawn uniformly without replacement."""
-    return first_rows(torch.randperm(count, generator=generator, device=generator.device), k, count)
+    return keep_ranked(
+        torch.randperm(count, generator=generator, device=generator.device), k, count
+    )
 
 
 def top_rows(scores: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """Bool mask of the ``k`` highest scores, ties broken uniformly at random."""
-    return first_rows(score_ranking(scores, generator), k, scores.numel())
-
-
-def top_by_score(
-    scores: Mapping[str, Tensor], keep: Mapping[str, int], generator: torch.Generator
-) -> dict[str, Tensor]:
-    """Per layer, the ``keep[layer]`` rows with the highest ``scores[layer]`` ``(rows_l,)``,
-    ties at random (layers in ``keep``'s order, which fixes the generator's draws): the family's
-    score-ranked rule (:func:`~fedcomm.algorithms._submodel_units.by_score`)."""
-    return {
-        n: keep_ranked(score_ranking(scores[n], generator), k, len(scores[n]))
-        for n, k in keep.items()
-    }
+    return keep_ranked(score_ranking(scores, generator), k, scores.numel())
 
 
 # --- the two stages' patterns ------------------------------------------------------------------

@@ -80,6 +80,7 @@ from fedcomm.algorithms.base import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
+    clone_params,
     job_algorithm,
     register,
 )
@@ -156,7 +157,7 @@ def initial_state(
     v = initial_v(params, specs, cfg.T, cfg.init_theta)
     dev = next(iter(params.values())).device
     alive = {s.name: torch.ones(s.count, dtype=torch.bool, device=dev) for s in specs}
-    w = {k: t.detach().clone() for k, t in params.items()}
+    w = clone_params(params)
     return ServerState(w, v, alive, w_opt.init(w), v_opt.init(v), specs)
 
 

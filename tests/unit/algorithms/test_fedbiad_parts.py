@@ -22,11 +22,12 @@ def _mlp() -> nn.Module:
     return build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[12, 6])
 
 
-def test_top_by_score_is_the_layer_scope_stage_two_pattern() -> None:
+def test_stage_two_is_the_top_rows_of_each_layer_drawn_in_layer_order() -> None:
     specs = rows_.row_specs(_mlp(), drop_output_layer=True)
     scores = {s.name: torch.randint(0, 3, (s.count,)).float() for s in specs}
     keep = rows_.keep_counts(specs, 0.5)
-    got = rows_.top_by_score(scores, keep, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    got = {name: rows_.top_rows(scores[name], k, g) for name, k in keep.items()}
     want = rows_.score_pattern(specs, scores, 0.5, torch.Generator().manual_seed(3))
     assert got.keys() == want.keys()
     for name, mask in got.items():
@@ -35,12 +36,12 @@ def test_top_by_score_is_the_layer_scope_stage_two_pattern() -> None:
         assert bool((scores[name][~mask] <= kept_min).all())  # the top rows, by score
 
 
-def test_score_ranking_orders_by_score_and_first_rows_keeps_its_head() -> None:
+def test_score_ranking_orders_by_score_and_keep_ranked_keeps_its_head() -> None:
     scores = torch.tensor([0.0, 5.0, 1.0, 5.0, 3.0])
     ranking = rows_.score_ranking(scores, torch.Generator().manual_seed(0))
     assert sorted(ranking.tolist()) == [0, 1, 2, 3, 4]
     assert scores[ranking].tolist() == [5.0, 5.0, 3.0, 1.0, 0.0]
-    assert rows_.first_rows(ranking, 3, 5).tolist() == [False, True, False, True, True]
+    assert rows_.keep_ranked(ranking, 3, 5).tolist() == [False, True, False, True, True]
     seen = {
         tuple(rows_.score_ranking(scores, torch.Generator().manual_seed(s))[:2].tolist())
         for s in range(20)
