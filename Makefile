@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv repro reproduce test test-fast lint typecheck check bench bench-backends clean
+.PHONY: help venv repro reproduce test test-fast lint typecheck check bench bench-backends gpu-check gpu-wheels clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,12 @@ bench: $(STAMP)  ## speed benchmark (FedAvg, MNIST MLP, 1000 clients): s/round a
 
 bench-backends: $(STAMP)  ## backends vs a plain loop vs the FLOP bound (W1 MLP, W2 CNN on MNIST)
 	$(BIN)/python benchmarks/backends.py
+
+gpu-check:  ## the GPU check (one script, <= 8 min on one H100): writes gpu_check.json + log to $$OUT or benchmarks/results/
+	bash benchmarks/gpu_check.sh
+
+gpu-wheels:  ## download the wheels the GPU machine lacks (Python 3.12, manylinux x86_64) into .gpu-wheels/
+	bash benchmarks/gpu_check.sh --fetch-wheels
 
 clean:  ## remove the virtualenv and caches (not results)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
