@@ -316,8 +316,8 @@ def test_read_idx_names_a_raw_file_called_gz(tmp_path: Path) -> None:
 # --- PTB ---------------------------------------------------------------------------------------
 
 
-def _ptb(root: Path, content: bytes) -> Path:
-    path = root / "ptb" / "ptb.valid.txt"
+def _ptb(root: Path, content: bytes, split: str = "valid") -> Path:
+    path = root / "ptb" / f"ptb.{split}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return path
@@ -348,15 +348,25 @@ def test_ptb_damage_is_found_even_with_verify_off(
         load_dataset("ptb", tmp_path, verify=False)
 
 
-def test_a_modified_standard_ptb_file_fails_its_digest(data_root: Path, tmp_path: Path) -> None:
-    text = (data_root / "ptb" / "ptb.valid.txt").read_bytes()
-    path = _ptb(tmp_path, text.replace(b" the ", b" tha ", 1))  # same size, same alphabet
-    with pytest.raises(DatasetFileError, match="aa0affc06ff7c36e977d7cd49e3839bf") as exc:
+@pytest.mark.parametrize(
+    ("split", "md5", "tokens"),
+    [
+        ("train", "f26c4b92c5fdc7b3f8c7cdcb991d8420", 929589),
+        ("valid", "aa0affc06ff7c36e977d7cd49e3839bf", 73760),
+        ("test", "8b80168b89c18661a38ef683c0dc3721", 82430),
+    ],
+)
+def test_a_modified_standard_ptb_file_fails_its_digest(
+    data_root: Path, tmp_path: Path, split: str, md5: str, tokens: int
+) -> None:
+    text = (data_root / "ptb" / f"ptb.{split}.txt").read_bytes()
+    path = _ptb(tmp_path, text.replace(b" the ", b" tha ", 1), split)  # same size and alphabet
+    with pytest.raises(DatasetFileError, match=md5) as exc:
         load_dataset("ptb", tmp_path)
     assert str(exc.value).startswith(f"{path}: MD5 ")
     assert len(load_dataset("ptb", tmp_path, verify=False)) > 0
-    _ptb(tmp_path, text)
-    assert len(load_dataset("ptb", tmp_path)) == (73760 - 1) // 35  # the real file passes
+    _ptb(tmp_path, text, split)
+    assert len(load_dataset("ptb", tmp_path)) == (tokens - 1) // 35  # the real file passes
 
 
 # --- LEAF and roles ----------------------------------------------------------------------------

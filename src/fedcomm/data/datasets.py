@@ -22,7 +22,7 @@ name                      files under the data root
 Damaged files: a dataset file that is present but empty, truncated, corrupted or of another
 format or version raises :class:`DatasetFileError`, whose one-line message names the file, what is
 wrong and the remedy (a fresh copy; see ``docs/configuration.md``). Each format is read in one
-place (:func:`_reading` turns any reader or parser failure into that error) and checked for damage
+place (:func:`reading` turns any reader or parser failure into that error) and checked for damage
 that parses: IDX headers against their payload, images against labels (count, shape, ``uint8``,
 labels in range), LEAF records (``users`` / ``user_data``, per-user ``x`` and ``y``), roles records
 (string ``play``, ``role``, ``text``), PTB text (UTF-8, no control characters, ends with a newline
@@ -30,11 +30,11 @@ as every standard file does) and CIFAR batches (keys, shapes, label range); gzip
 corruption of ``.gz`` files. Option ``verify`` (default ``true``; ``mnist``, ``fashion_mnist``,
 ``ptb``, ``cifar10``, ``cifar100``) also compares a file of a standard release's size with that
 release: the MD5 digest of MNIST's uncompressed IDX content (LeCun's files; checked against the
-shared data root), of ``ptb.valid.txt`` / ``ptb.test.txt`` (torchtext's digests), of a CIFAR batch
-with the standard row count (torchvision's digests); and PTB text must use the standard alphabet
+shared data root), of ``ptb.train.txt`` / ``ptb.valid.txt`` / ``ptb.test.txt`` (torchtext's
+digests), of a CIFAR batch with the standard row count (torchvision's digests), of a CIFAR-10
+ImageFolder copy (:mod:`fedcomm.data.image_folder`); and PTB text must use the standard alphabet
 (lower-case ASCII, ``N`` for numbers, punctuation). ``verify: false`` accepts a user's own copy.
-Not compared: Fashion-MNIST (no verified digests of its uncompressed files) and ``ptb.train.txt``
-(its standard size is not known here).
+Not compared: Fashion-MNIST (no verified digests of its uncompressed files).
 
 Choices: unknown option names raise ``ValueError`` (catches typos); ``shakespeare`` with
 ``target="next_word"`` always reads ``roles.jsonl.gz`` (LEAF JSON holds next-char windows only);
@@ -47,38 +47,46 @@ Text-specific choices are documented in :mod:`fedcomm.data.text`.
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import json
 import os
 import pickle
 import re
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from fedcomm.data import text
+from fedcomm.data._loading import (
+    DATA_ROOT_ENV,
+    DatasetFileError,
+    DatasetNotFoundError,
+    Options,
+    check_md5,
+    damaged,
+    not_found,
+    open_data,
+    reading,
+)
 from fedcomm.data._registry import add_entry
 from fedcomm.data.types import Dataset
-from fedcomm.errors import InputError, one_line
 
-DATA_ROOT_ENV = "FEDCOMM_DATA_ROOT"
+__all__ = [
+    "DATASETS",
+    "DATA_ROOT_ENV",
+    "DatasetFileError",
+    "DatasetNotFoundError",
+    "Loader",
+    "load_dataset",
+    "read_idx",
+    "register",
+    "resolve_root",
+]
+
 Loader = Callable[[Path | None, Mapping[str, Any]], Dataset]
 DATASETS: dict[str, Loader] = {}
 _T = TypeVar("_T")
-
-
-class DatasetNotFoundError(InputError, FileNotFoundError):
-    """A dataset's files are not under the data root; the message says what to put where."""
-
-
-class DatasetFileError(InputError, ValueError):
-    """A dataset file is present but empty, truncated, corrupted or of another format or version;
-    the one-line message names the file, what is wrong and the remedy."""
 
 
 def resolve_root(root: str | Path | None) -> Path | None:
@@ -135,138 +143,6 @@ def load_dataset(name: str, root: str | Path | None = None, **options: Any) -> D
     return DATASETS[name](resolve_root(root), options)
 
 
-# --- errors and options ------------------------------------------------------------------------
-
-
-def _not_found(
-    name: str, root: Path | None, wanted: Sequence[str], note: str = ""
-) -> DatasetNotFoundError:
-    """A :class:`DatasetNotFoundError` listing ``wanted`` (paths relative to the root)."""
-    if root is None:
-        head = f"dataset {name!r} needs local files but no data root is set"
-        files = ", ".join(f"<data root>/{w}" for w in wanted)
-    else:
-        head = f"dataset {name!r} not found under data root {root}"
-        files = ", ".join(str(root / w) for w in wanted)
-    tail = f"; set data.root in params.yaml or {DATA_ROOT_ENV} to the folder holding them"
-    return DatasetNotFoundError(f"{head}; expected: {files}{note}{tail}")
-
-
-_DOCS = "docs/configuration.md"
-
-
-def _damaged(path: Path, problem: str, release: str, *, own_copy: bool = False) -> DatasetFileError:
-    """``path: problem; replace it with a fresh copy of <release> (see the docs)``, one line.
-
-    ``own_copy``: the problem is a difference from the standard release, which ``verify: false``
-    accepts (a user's own copy).
-    """
-    alt = ", or set data.dataset.verify: false to use your own copy" if own_copy else ""
-    return DatasetFileError(
-        f"{path}: {' '.join(problem.split())}; replace it with a fresh copy of {release}{alt}"
-        f" (see {_DOCS})"
-    )
-
-
-def _problem(err: BaseException, path: Path) -> str:
-    """What a reader's or parser's exception says about ``path``, on one line."""
-    msg = one_line(err)
-    gz = path.suffix == ".gz"
-    if isinstance(err, EOFError):
-        return f"truncated {'gzip stream' if gz else 'file'} ({msg})"
-    if isinstance(err, zlib.error):
-        return f"corrupted gzip stream ({msg})"
-    if isinstance(err, gzip.BadGzipFile):
-        kind = "not gzip-compressed" if msg.startswith("Not a gzipped") else "corrupted gzip stream"
-        return f"{kind} ({msg})"
-    if isinstance(err, json.JSONDecodeError):
-        return f"not valid JSON ({msg})"
-    if isinstance(err, UnicodeDecodeError):
-        return f"not UTF-8 text ({msg})"
-    if isinstance(err, KeyError):
-        return f"missing key {msg}"
-    if isinstance(err, OSError):
-        return f"cannot be read ({msg})"
-    return msg
-
-
-#: What reading or parsing a damaged file raises (checks in a reader raise ``ValueError``).
-_READ_ERRORS = (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError, IndexError)
-
-
-@contextmanager
-def _reading(path: Path, release: str) -> Iterator[None]:
-    """Read and check ``path`` inside the block: an empty file, or any reader, parser or check
-    failure in the block (a ``ValueError`` saying what is wrong), becomes :class:`DatasetFileError`
-    naming ``path`` and the remedy (a fresh copy of ``release``)."""
-    try:
-        if path.stat().st_size == 0:
-            raise ValueError("the file is empty")
-        yield
-    except DatasetFileError:
-        raise
-    except _READ_ERRORS as err:
-        raise _damaged(path, _problem(err, path), release) from err
-
-
-def _check_md5(path: Path, data: bytes, want: str, release: str) -> None:
-    """Refuse ``data`` (the content of ``path``) unless its MD5 digest is ``want``."""
-    got = hashlib.md5(data, usedforsecurity=False).hexdigest()
-    if got != want:
-        problem = f"MD5 {got} differs from the standard file's {want} (corrupted or modified)"
-        raise _damaged(path, problem, release, own_copy=True)
-
-
-class _Options:
-    """Typed access to a loader's options; rejects unknown names and ill-typed values."""
-
-    def __init__(self, dataset: str, options: Mapping[str, Any], allowed: Sequence[str]) -> None:
-        unknown = sorted(set(options) - set(allowed))
-        if unknown:
-            raise ValueError(f"dataset {dataset!r}: unknown options {unknown}; allowed {allowed}")
-        self.dataset, self.options = dataset, options
-
-    def _bad(self, key: str, want: str) -> ValueError:
-        return ValueError(f"dataset {self.dataset!r}: option {key}={self.options[key]!r}: {want}")
-
-    def flag(self, key: str, default: bool) -> bool:
-        v = self.options.get(key, default)
-        if not isinstance(v, bool | np.bool_):
-            raise self._bad(key, "expected a bool")
-        return bool(v)
-
-    def integer(self, key: str, default: int, minimum: int) -> int:
-        v = self.optional_integer(key, minimum, default)
-        if v is None:
-            raise self._bad(key, f"expected an integer >= {minimum}")
-        return v
-
-    def optional_integer(self, key: str, minimum: int, default: int | None = None) -> int | None:
-        v = self.options.get(key, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < minimum:
-            raise self._bad(key, f"expected an integer >= {minimum}")
-        return int(v)
-
-    def number(self, key: str, default: float, minimum: float) -> float:
-        v = self.options.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float | np.number) or not v >= minimum:
-            raise self._bad(key, f"expected a number >= {minimum}")
-        return float(v)
-
-    def choice(self, key: str, default: str, choices: Sequence[str]) -> str:
-        v = self.options.get(key, default)
-        if v not in choices:
-            raise self._bad(key, f"expected one of {list(choices)}")
-        return str(v)
-
-
-def _open(path: Path) -> Any:
-    """Open ``path`` for binary reading, transparently gunzipping ``*.gz``."""
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
 # --- bundled / generated -----------------------------------------------------------------------
 
 
@@ -275,7 +151,7 @@ def _load_digits(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """scikit-learn's 1,797 8x8 digits: x ``(n, 1, 8, 8)`` in [0, 1], 10 classes."""
     from sklearn.datasets import load_digits
 
-    _Options("digits", options, ())
+    Options("digits", options, ())
     bunch = load_digits()
     x = (np.asarray(bunch.images, dtype=np.float32) / 16.0)[:, None]  # (n, 1, 8, 8)
     return Dataset("digits", x, np.asarray(bunch.target, dtype=np.int64), num_classes=10)
@@ -293,7 +169,7 @@ def _load_synthetic(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     ``Sigma_jj = j^-1.2``; ``y = argmax(x W_k + b_k)``; ``n_k = lognormal(4, 2) + min_samples``.
     ``iid``: one shared ``W, b ~ N(0, 1)`` and ``v_k = B_k`` in every coordinate (reference).
     """
-    o = _Options("synthetic", options, (*_SYNTHETIC_OPTIONS, "min_samples"))
+    o = Options("synthetic", options, (*_SYNTHETIC_OPTIONS, "min_samples"))
     alpha, beta = o.number("alpha", 0.0, 0.0), o.number("beta", 0.0, 0.0)
     users, dim = o.integer("num_users", 30, 1), o.integer("dim", 60, 1)
     classes, seed = o.integer("num_classes", 10, 2), o.integer("seed", 0, 0)
@@ -368,8 +244,8 @@ def read_idx(
             a size that does not match the header, or a standard size with another digest.
     """
     path = Path(path)
-    with _reading(path, release):
-        with _open(path) as f:
+    with reading(path, release):
+        with open_data(path) as f:
             buf: bytes = f.read()
         if not buf:
             raise ValueError("no data after gunzip")
@@ -386,7 +262,7 @@ def read_idx(
             what = "truncated" if have < want else "trailing data"
             raise ValueError(f"{what}: header says {dims} {dtype} ({want} B), payload has {have} B")
         if standard is not None and len(buf) == standard[0]:
-            _check_md5(path, buf, standard[1], release)
+            check_md5(path, buf, standard[1], release)
     return np.frombuffer(buf, dtype, offset=offset).reshape(dims)
 
 
@@ -410,13 +286,13 @@ def _load_idx_dataset(
     name: str, subdirs: Sequence[str], root: Path | None, options: Mapping[str, Any]
 ) -> Dataset:
     """MNIST-format loader: x ``(70000, 1, 28, 28)`` float32 in [0, 1], 10 classes."""
-    o = _Options(name, options, ("normalize", "verify"))
+    o = Options(name, options, ("normalize", "verify"))
     normalize, verify = o.flag("normalize", False), o.flag("verify", True)
     files = _find_files(root, subdirs, _IDX_FILES) if root is not None else None
     if root is None or files is None:
         alt = ", ".join(str(root / s) if root else f"<data root>/{s}" for s in subdirs[1:])
         note = f" (also accepted in {alt}; with or without .gz)"
-        raise _not_found(name, root, [f"{subdirs[0]}/{n}.gz" for n in _IDX_FILES], note)
+        raise not_found(name, root, [f"{subdirs[0]}/{n}.gz" for n in _IDX_FILES], note)
     release = f"the standard {'MNIST' if name == 'mnist' else 'Fashion-MNIST'} file"
     digests = _IDX_MD5.get(name, {}) if verify else {}
     tr_x, tr_y, te_x, te_y = (
@@ -426,15 +302,15 @@ def _load_idx_dataset(
     for imgs, labels, i in ((tr_x, tr_y, 0), (te_x, te_y, 2)):
         if imgs.dtype != np.uint8 or imgs.ndim != 3 or imgs.shape[1:] != (28, 28):
             problem = f"holds {_describe(imgs)}, not 28x28 uint8 images (another file there?)"
-            raise _damaged(files[i], problem, release)
+            raise damaged(files[i], problem, release)
         if labels.dtype != np.uint8 or labels.ndim != 1:
             problem = f"holds {_describe(labels)}, not uint8 labels (another file there?)"
-            raise _damaged(files[i + 1], problem, release)
+            raise damaged(files[i + 1], problem, release)
         if len(labels) != len(imgs):
             problem = f"holds {len(labels)} labels for the {len(imgs)} images of {files[i].name}"
-            raise _damaged(files[i + 1], problem, release)
+            raise damaged(files[i + 1], problem, release)
         if labels.size and labels.max() > 9:
-            raise _damaged(files[i + 1], f"labels outside 0..9 (up to {labels.max()})", release)
+            raise damaged(files[i + 1], f"labels outside 0..9 (up to {labels.max()})", release)
     x = np.concatenate([tr_x, te_x]).astype(np.float32)[:, None]  # (n, 1, 28, 28)
     x /= 255.0  # in place: no second full-size copy
     if normalize:
@@ -483,8 +359,8 @@ def _iter_leaf_users(
     order. Each file is read and all its records converted (``convert`` raises ``ValueError`` on
     a bad record) before its users are yielded, so a damaged file is named with ``release``."""
     for path in files:
-        with _reading(path, release):
-            with _open(path) as f:
+        with reading(path, release):
+            with open_data(path) as f:
                 blob = json.load(f)
             if not isinstance(blob, dict) or not {"users", "user_data"} <= blob.keys():
                 raise ValueError("not LEAF JSON (needs 'users' and 'user_data')")
@@ -531,11 +407,11 @@ def _load_femnist(root: Path | None, options: Mapping[str, Any]) -> Dataset:
 
     LEAF stores white background (1.0); ``invert=True`` returns ``1 - x`` (background 0, as MNIST).
     """
-    invert = _Options("femnist", options, ("invert",)).flag("invert", False)
+    invert = Options("femnist", options, ("invert",)).flag("invert", False)
     found = _find_leaf(root, ("leaf/femnist", "femnist"))
     if found is None:
         wanted = [f"leaf/femnist/{s}/<LEAF shard>.json.gz" for s in ("train", "test")]
-        raise _not_found("femnist", root, wanted, " (also accepted: femnist/{train,test}/*.json)")
+        raise not_found("femnist", root, wanted, " (also accepted: femnist/{train,test}/*.json)")
     writers: dict[str, int] = {}
     xs, ys, ids = [], [], []
     release = "the LEAF FEMNIST shard, or remove it"
@@ -557,7 +433,7 @@ def _load_shakespeare(root: Path | None, options: Mapping[str, Any]) -> Dataset:
 
     See :mod:`fedcomm.data.text` for windows, vocabularies and role selection.
     """
-    o = _Options(
+    o = Options(
         "shakespeare",
         options,
         ("target", "seq_len", "stride", "max_roles", "min_samples", "vocab_size"),
@@ -578,7 +454,7 @@ def _load_shakespeare(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     roles = root / "shakespeare" / "roles.jsonl.gz" if root is not None else None
     if roles is None or not roles.is_file():
         note = " (or, for next_char, LEAF JSON in shakespeare/{train,test}/*.json)"
-        raise _not_found("shakespeare", root, ["shakespeare/roles.jsonl.gz"], note)
+        raise not_found("shakespeare", root, ["shakespeare/roles.jsonl.gz"], note)
     seq_len = seq_len or (80 if target == "next_char" else 20)
     return text.shakespeare_from_roles(
         _read_roles(roles),
@@ -594,7 +470,7 @@ def _load_shakespeare(root: Path | None, options: Mapping[str, Any]) -> Dataset:
 def _read_roles(path: Path) -> list[tuple[str, str]]:
     """All ``("play/role", text)`` of a roles JSONL file, read to its end (so damage anywhere
     in it is found, whatever ``max_roles`` keeps)."""
-    with _reading(path, "the Shakespeare roles file"):
+    with reading(path, "the Shakespeare roles file"):
         roles = list(text.read_roles(path))
         if not roles:
             raise ValueError("holds no roles")
@@ -605,6 +481,7 @@ def _read_roles(path: Path) -> list[tuple[str, str]]:
 
 #: ``(size, md5)`` of Mikolov's files (torchtext's digests; sizes of the shared data root's copies).
 _PTB_MD5 = {
+    "ptb.train.txt": (5101618, "f26c4b92c5fdc7b3f8c7cdcb991d8420"),
     "ptb.valid.txt": (399782, "aa0affc06ff7c36e977d7cd49e3839bf"),
     "ptb.test.txt": (449945, "8b80168b89c18661a38ef683c0dc3721"),
 }
@@ -620,7 +497,7 @@ def _read_ptb(path: Path, verify: bool) -> list[str]:
     standard digest for a file of the standard size.
     """
     release = "Mikolov's standard PTB file"
-    with _reading(path, release):
+    with reading(path, release):
         data = path.read_bytes()
         content = data.decode("utf-8")
         bad = _CONTROL.search(content)
@@ -637,24 +514,24 @@ def _read_ptb(path: Path, verify: bool) -> list[str]:
                     f"character {bad.group()!r} on line {line} is not in the word-level PTB text"
                     " (lower-case ASCII, N for numbers): another file or version in its place"
                 )
-                raise _damaged(path, problem, release, own_copy=True)
+                raise damaged(path, problem, release, own_copy=True)
             standard = _PTB_MD5.get(path.name)
             if standard is not None and len(data) == standard[0]:
-                _check_md5(path, data, standard[1], release)
+                check_md5(path, data, standard[1], release)
     return text.ptb_tokens(content)
 
 
 @register("ptb")
 def _load_ptb(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """Penn Treebank (Mikolov): next-word windows from whichever of train/valid/test exist."""
-    o = _Options("ptb", options, ("seq_len", "verify"))
+    o = Options("ptb", options, ("seq_len", "verify"))
     seq_len, verify = o.integer("seq_len", 35, 1), o.flag("verify", True)
     names = [f"ptb.{split}.txt" for split in ("train", "valid", "test")]
     for folder in (root / "ptb", root) if root is not None else ():
         paths = [folder / n for n in names if (folder / n).is_file()]
         if paths:
             return text.ptb_from_streams([_read_ptb(p, verify) for p in paths], seq_len=seq_len)
-    raise _not_found("ptb", root, [f"ptb/{n}" for n in names], " (any of them; also in the root)")
+    raise not_found("ptb", root, [f"ptb/{n}" for n in names], " (any of them; also in the root)")
 
 
 # --- CIFAR (python pickles) --------------------------------------------------------------------
@@ -679,7 +556,7 @@ def _read_cifar_batch(
     path: Path, label_key: bytes, classes: int, release: str, verify: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """One CIFAR pickle: x ``(n, 3, 32, 32)`` uint8, y ``(n,)`` int64."""
-    with _reading(path, release):
+    with reading(path, release):
         raw = path.read_bytes()
         try:
             batch = pickle.loads(raw, encoding="bytes")
@@ -696,7 +573,7 @@ def _read_cifar_batch(
         if labels.size and not 0 <= labels.min() <= labels.max() < classes:
             raise ValueError(f"labels outside 0..{classes - 1} ({labels.min()}..{labels.max()})")
         if verify and len(data) == _CIFAR_ROWS.get(path.name, 10000) and path.name in _CIFAR_MD5:
-            _check_md5(path, raw, _CIFAR_MD5[path.name], release)
+            check_md5(path, raw, _CIFAR_MD5[path.name], release)
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -712,7 +589,7 @@ def _load_cifar(
     """Pool CIFAR pickles: x ``(n, 3, 32, 32)`` float32 in [0, 1]."""
     paths = [root / folder / f for f in files] if root is not None else []
     if root is None or not all(p.is_file() for p in paths):
-        raise _not_found(name, root, [f"{folder}/{f}" for f in files])
+        raise not_found(name, root, [f"{folder}/{f}" for f in files])
     release = f"the standard {'CIFAR-10' if name == 'cifar10' else 'CIFAR-100'} python batch"
     parts = [_read_cifar_batch(p, label_key, classes, release, verify) for p in paths]
     x = np.concatenate([p[0] for p in parts]).astype(np.float32)
@@ -724,7 +601,7 @@ def _load_cifar(
 @register("cifar10")
 def _load_cifar10(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """CIFAR-10 from ``cifar-10-batches-py/`` (``data_batch_1..5``, ``test_batch``)."""
-    verify = _Options("cifar10", options, ("verify",)).flag("verify", True)
+    verify = Options("cifar10", options, ("verify",)).flag("verify", True)
     files = [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]
     return _load_cifar("cifar10", "cifar-10-batches-py", files, b"labels", 10, root, verify)
 
@@ -732,7 +609,7 @@ def _load_cifar10(root: Path | None, options: Mapping[str, Any]) -> Dataset:
 @register("cifar100")
 def _load_cifar100(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """CIFAR-100 from ``cifar-100-python/`` (``train``, ``test``); ``label`` fine or coarse."""
-    o = _Options("cifar100", options, ("label", "verify"))
+    o = Options("cifar100", options, ("label", "verify"))
     label, verify = o.choice("label", "fine", ("fine", "coarse")), o.flag("verify", True)
     key, classes = (b"fine_labels", 100) if label == "fine" else (b"coarse_labels", 20)
     files = ("train", "test")

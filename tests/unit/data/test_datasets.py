@@ -274,8 +274,15 @@ def test_ptb_real() -> None:
     np.testing.assert_array_equal(ds.y[:, :-1], ds.x[:, 1:])
     assert ds.num_classes == len(ds.vocab) and ds.x.max() < ds.num_classes
     assert ds.natural_id is None
-    # valid (73,760 tokens) and test (82,430) are cut separately into 35 + 1 token windows.
-    assert len(ds) == (73760 - 1) // 35 + (82430 - 1) // 35
+    # The full PTB: train, valid and test (887,521 / 70,390 / 78,669 words, i.e. 929,589 /
+    # 73,760 / 82,430 tokens with one <eos> per line) are cut separately into 35 + 1 token
+    # windows; the vocabulary is train's 9,999 word types and <eos>, and covers valid and test.
+    assert len(ds) == (929589 - 1) // 35 + (73760 - 1) // 35 + (82430 - 1) // 35 == 31021
+    assert ds.num_classes == 10_000
+    # train comes first: the first window is the first 35 tokens of ptb.train.txt
+    lines = (shared("ptb") / "ptb" / "ptb.train.txt").read_text().splitlines()[:5]
+    first = [w for line in lines for w in [*line.split(), "<eos>"]][:35]
+    assert [ds.vocab[i] for i in ds.x[0]] == first
 
 
 def test_ptb_vocab_order_and_windows(tmp_path: Path) -> None:
