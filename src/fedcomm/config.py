@@ -90,6 +90,41 @@ class Cifar100(Strict):
     verify: bool = VERIFY
 
 
+class ImageFolder(Strict):
+    """Any dataset in torchvision's ImageFolder layout: ``<path>/{train,test}/<class>/<image>``
+    under the data root, decoded once and cached by content (``fedcomm.data.image_folder``)."""
+
+    name: Literal["image_folder"] = "image_folder"
+    path: str = Field(
+        min_length=1,
+        description="the dataset's folder, relative to the data root (e.g. cifar10_jpeg)",
+    )
+    mode: Literal["RGB", "L", "RGBA"] = Field(
+        "RGB", description="every image must have this Pillow mode (no conversion)"
+    )
+    size: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        description="[height, width] every image must have (no resizing); null: the first's",
+    )
+    verify: bool = VERIFY
+    cache: bool = Field(
+        True,
+        description="keep the decoded images in $FEDCOMM_CACHE_DIR (else ~/.cache/fedcomm), "
+        "keyed by the files' content; false: decode on every load",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        parts = v.replace("\\", "/").split("/")
+        if v.startswith(("/", "\\", "~")) or ".." in parts or (len(v) > 1 and v[1] == ":"):
+            raise ValueError(
+                "must be a folder relative to the data root; set data.root to the folder "
+                "above it"
+            )
+        return v
+
+
 class Synthetic(Strict):
     name: Literal["synthetic"] = "synthetic"
     alpha: float = Field(0.0, ge=0)
@@ -103,7 +138,7 @@ class Synthetic(Strict):
 
 
 DatasetConfig = Annotated[
-    Digits | Mnist | Femnist | Shakespeare | Ptb | Cifar10 | Cifar100 | Synthetic,
+    Digits | Mnist | Femnist | Shakespeare | Ptb | Cifar10 | Cifar100 | ImageFolder | Synthetic,
     Field(discriminator="name"),
 ]
 

@@ -21,8 +21,10 @@ from typer.testing import CliRunner
 
 from fedcomm.cli import app
 from fedcomm.data.datasets import DATA_ROOT_ENV, DatasetFileError, load_dataset, read_idx
+from fedcomm.data.image_folder import CACHE_ENV
 from fedcomm.errors import InputError
 from tests.conftest import tiny_params
+from tests.image_folders import DAMAGES, write_image_folder
 
 pytestmark = pytest.mark.slow
 
@@ -485,6 +487,54 @@ def test_a_standard_sized_cifar_batch_must_match_its_digest(tmp_path: Path) -> N
     assert len(load_dataset("cifar10", tmp_path, verify=False)) == 10000 + 5 * 2
 
 
+# --- ImageFolder: bad images through the command ----------------------------------------------
+
+
+def _image_folder_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """``project``'s data root with a tiny ImageFolder ``imgs`` and params loading it; returns
+    (the folder, the decode cache dir)."""
+    folder = write_image_folder(project.parent / "data_root" / "imgs", per_class=(12, 4))
+    cache = project.parent / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    params = tiny_params(
+        **{
+            "data.dataset": {"name": "image_folder", "path": "imgs"},
+            "partition": {"kind": "iid", "num_partitions": 4, "seed": 0},
+            "model": {"name": "cnn"},
+        }
+    )
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    return folder, cache
+
+
+@pytest.mark.parametrize("bad", list(DAMAGES))
+def test_a_bad_image_folder_is_named_in_one_line_and_nothing_is_written(
+    project: Path, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    folder, cache = _image_folder_project(project, monkeypatch)
+    damage, message = DAMAGES[bad]
+    damage(folder)
+    for command in (["partition"], ["config", "validate"]):
+        res = CliRunner().invoke(app, command)
+        out = res.output.strip()
+        assert res.exit_code == 2, out
+        assert out.startswith(f"error: {folder}/") and message in out, out
+        assert "\n" not in out and "Traceback" not in out, out
+    assert not (project / "data").exists()  # no partition
+    assert not list(cache.rglob("*.npz")) and not list(cache.rglob("*.tmp"))  # no cache file
+
+
+def test_the_undamaged_image_folder_partitions_and_is_cached(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same folder, undamaged, goes through: every failure above is the damage's."""
+    _, cache = _image_folder_project(project, monkeypatch)
+    res = CliRunner().invoke(app, ["partition"])
+    assert res.exit_code == 0, res.output
+    assert (project / "data" / "partition" / "manifest.json").is_file()
+    assert len(list(cache.rglob("*.npz"))) == 1
+
+
 # --- known limits: damage no check can see (documented, not skipped) ---------------------------
 
 
@@ -497,6 +547,24 @@ def test_undetectable_a_missing_shard_or_split_among_others(
     assert len(load_dataset("ptb", tmp_path)) == (82430 - 1) // 35
     _leaf(tmp_path, "femnist", {"w": {"x": [[0.5] * 784], "y": [3]}})  # test shards are gone
     assert load_dataset("femnist", tmp_path).natural_names == ("w",)
+
+
+def test_undetectable_a_changed_jpeg_byte_that_still_decodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JPEG has no checksum: a changed byte in the coded data may decode to other pixels
+    without an error. Only a known release's digest (``verify``) sees it; a user's own folder
+    loads with the changed pixels."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    folder = write_image_folder(tmp_path / "imgs", per_class=(1, 1))
+    before = load_dataset("image_folder", tmp_path, path="imgs")
+    img = folder / "train" / "cat" / "0000.jpg"
+    data = bytearray(img.read_bytes())
+    data[-40] ^= 0x01  # inside the entropy-coded data, before the end marker
+    img.write_bytes(bytes(data))
+    after = load_dataset("image_folder", tmp_path, path="imgs")
+    assert not np.array_equal(before.x[0], after.x[0])
+    np.testing.assert_array_equal(before.x[1:], after.x[1:])
 
 
 def test_undetectable_a_ptb_file_cut_at_a_line_end(data_root: Path, tmp_path: Path) -> None:

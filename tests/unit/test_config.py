@@ -234,7 +234,8 @@ def test_dataset_config_defaults_are_accepted_by_the_loaders(tmp_path: Path) -> 
 
     for cls in typing.get_args(typing.get_args(config.DatasetConfig)[0]):
         for name in typing.get_args(cls.model_fields["name"].annotation):
-            cfg = config.DataConfig(dataset={"name": name})  # type: ignore[arg-type]
+            required = {"path": "images"} if name == "image_folder" else {}  # no default
+            cfg = config.DataConfig(dataset={"name": name, **required})  # type: ignore[arg-type]
             with contextlib.suppress(DatasetNotFoundError):  # options accepted, files absent
                 load_dataset(name, tmp_path, **cfg.options())
 

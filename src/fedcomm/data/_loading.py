@@ -156,6 +156,14 @@ class Options:
             raise self._bad(key, f"expected one of {list(choices)}")
         return str(v)
 
+    def required_string(self, key: str, example: str) -> str:
+        if key not in self.options:
+            raise ValueError(f"dataset {self.dataset!r}: option {key} is required (e.g. {example})")
+        v = self.options[key]
+        if not isinstance(v, str) or not v:
+            raise self._bad(key, f"expected a non-empty string (e.g. {example})")
+        return v
+
 
 def open_data(path: Path) -> Any:
     """Open ``path`` for binary reading, transparently gunzipping ``*.gz``."""

@@ -16,6 +16,8 @@ name                      files under the data root
                           ``shakespeare/roles.jsonl.gz``
 ``ptb``                   ``ptb/ptb.{train,valid,test}.txt`` (or in ``./``), any present
 ``cifar10``/``cifar100``  python pickles in ``cifar-10-batches-py/`` / ``cifar-100-python/``
+``image_folder``          ``<path>/{train,test}/<class>/<image>`` (torchvision's ImageFolder;
+                          decoded once, cached by content: :mod:`fedcomm.data.image_folder`)
 ``synthetic``             none (FedProx Synthetic(alpha, beta))
 ========================  ===================================================================
 
@@ -57,7 +59,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from fedcomm.data import text
+from fedcomm.data import image_folder, text
 from fedcomm.data._loading import (
     DATA_ROOT_ENV,
     DatasetFileError,
@@ -614,3 +616,21 @@ def _load_cifar100(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     key, classes = (b"fine_labels", 100) if label == "fine" else (b"coarse_labels", 20)
     files = ("train", "test")
     return _load_cifar("cifar100", "cifar-100-python", files, key, classes, root, verify)
+
+
+# --- ImageFolder (JPEG / PNG / ... files in class folders) ------------------------------------
+
+
+@register("image_folder")
+def _load_image_folder(root: Path | None, options: Mapping[str, Any]) -> Dataset:
+    """Any dataset in torchvision's ``ImageFolder`` layout under ``root / path``, decoded once
+    and cached by content (:mod:`fedcomm.data.image_folder`)."""
+    o = Options("image_folder", options, ("path", "mode", "size", "verify", "cache"))
+    return image_folder.load_image_folder(
+        root,
+        o.required_string("path", "cifar10_jpeg"),
+        mode=o.choice("mode", "RGB", tuple(image_folder.MODES)),
+        size=options.get("size"),
+        verify=o.flag("verify", True),
+        cache=o.flag("cache", True),
+    )
