@@ -25,16 +25,14 @@ venv: $(STAMP)  ## create .venv and install fedcomm with its dev tools
 repro: $(STAMP)  ## run the default experiment (dvc repro) -> reports/summary.md
 	$(BIN)/dvc repro
 
-NAME ?= fedsparse_mnist
-reproduce: $(STAMP)  ## run pipeline/reproductions/$(NAME).yaml as its own DVC pipeline in build/$(NAME)/
-	rm -rf build/$(NAME) && mkdir -p build/$(NAME)/.dvc
-	cp -r dvc.yaml stages pipeline src .dvcignore build/$(NAME)/
-	cp .dvc/config build/$(NAME)/.dvc/config
-	cp pipeline/reproductions/$(NAME).yaml build/$(NAME)/params.yaml
-	cd build/$(NAME) && git init -q && git add -A && \
-	  git -c user.email=repro@fedcomm -c user.name=fedcomm commit -qm "$(NAME)" && \
-	  PYTHONPATH=$(CURDIR)/build/$(NAME)/src FEDCOMM_PROJECT_ROOT=$(CURDIR) dvc repro
-	@echo "report: build/$(NAME)/reports/summary.md (MLflow: $(CURDIR)/mlflow.db)"
+# make reproduce NAME=x: pipeline/reproductions/x.yaml (or PROFILE=any params file) as its own DVC
+# pipeline in build/x/. Rerunning it resumes: finished stages are kept, an interrupted train stage
+# continues from its checkpoint. FRESH=1 starts afresh; KEEP_CODE=1 finishes a build with the code
+# it started with when the project's code has changed since (pipeline/reproduce.sh says how).
+NAME    ?= fedsparse_mnist
+PROFILE ?= pipeline/reproductions/$(NAME).yaml
+reproduce: $(STAMP)  ## run pipeline/reproductions/$(NAME).yaml in build/$(NAME)/; rerun to resume (FRESH=1: afresh)
+	@bash pipeline/reproduce.sh '$(NAME)' '$(PROFILE)' '$(FRESH)' '$(KEEP_CODE)'
 
 test: $(STAMP)  ## the whole test suite (unit, contract, pipeline; slow tests included)
 	$(BIN)/python -m pytest -q

@@ -2,7 +2,7 @@
 
 import sys
 
-from fedcomm.cli import app
+from _entry import fedcomm_app
 
 if __name__ == "__main__":
-    app(["evaluate", *sys.argv[1:]])  # --run NAME --seed S
+    fedcomm_app()(["evaluate", *sys.argv[1:]])  # --run NAME --seed S

@@ -1,6 +1,6 @@
 """DVC stage `partition`: split the dataset over clients (data/partition/)."""
 
-from fedcomm.cli import app
+from _entry import fedcomm_app
 
 if __name__ == "__main__":
-    app(["partition"])
+    fedcomm_app()(["partition"])

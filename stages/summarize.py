@@ -1,6 +1,6 @@
 """DVC stage `summarize`: tables and plots over every run and seed (reports/)."""
 
-from fedcomm.cli import app
+from _entry import fedcomm_app
 
 if __name__ == "__main__":
-    app(["summarize"])
+    fedcomm_app()(["summarize"])

@@ -2,7 +2,7 @@
 
 import sys
 
-from fedcomm.cli import app
+from _entry import fedcomm_app
 
 if __name__ == "__main__":
-    app(["sweep", *sys.argv[1:]])  # SPACE.yaml
+    fedcomm_app()(["sweep", *sys.argv[1:]])  # SPACE.yaml
