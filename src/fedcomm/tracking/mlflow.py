@@ -16,6 +16,13 @@ A damaged store: every function here that opens a store first calls
 store that is damaged, of another MLflow schema version, or (for readers) missing or empty raises
 one :class:`~fedcomm.tracking.store.TrackingStoreError` naming the file and the remedy. A run id
 the store does not hold (the store was replaced since it was logged) raises one too.
+
+What the MLflow UI shows first: every experiment fedcomm creates or logs to is tagged
+``mlflow.experimentKind: custom_model_development`` (model training, not a GenAI app: the UIs that
+read the tag open it on its runs, not on the traces overview), and each training run logs its
+partition as a dataset input (:mod:`fedcomm.tracking.inputs`, the runs table's Dataset column).
+MLflow 3.17's UI takes the kind from its own GenAI / Model training switch instead (remembered per
+browser, GenAI at first): :func:`runs_page` is the link that opens on the runs either way.
 """
 
 from __future__ import annotations
@@ -30,15 +37,22 @@ from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 
 from fedcomm.atomic import file_lock
 from fedcomm.paths import project_root
+from fedcomm.tracking.inputs import PartitionInput, log_partition_input
 from fedcomm.tracking.store import SQLITE_TIMEOUT_S, TrackingStoreError, check_store, sqlite_path
 
 MAX_PARAM_LEN = 6000
 PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested in the MLflow UI
+KIND_TAG = "mlflow.experimentKind"  # the experiment tag MLflow's UI reads for the experiment's kind
+MODEL_TRAINING = "custom_model_development"  # its value for model training ("Machine learning")
+# kinds the UI only inferred, or none: replaced; a kind someone chose (e.g. GenAI) is kept
+_INFERRED_KINDS = frozenset(
+    {"", "genai_development_inferred", "custom_model_development_inferred", "no_inferred_type"}
+)
 
 
 def resolve_tracking_uri(uri: str | None, root: Path | None = None) -> str:
@@ -109,10 +123,10 @@ def open_client(uri: str | None, *, create: bool, root: Path | None = None) -> M
     return MlflowClient(tracking_uri=resolved)
 
 
-def require_run(client: MlflowClient, run_id: str, remedy: str) -> None:
-    """Raise :class:`TrackingStoreError` unless the store of ``client`` holds run ``run_id``."""
+def require_run(client: MlflowClient, run_id: str, remedy: str) -> Run:
+    """Run ``run_id``; :class:`TrackingStoreError` if the store of ``client`` does not hold it."""
     try:
-        client.get_run(run_id)
+        return client.get_run(run_id)
     except MlflowException as err:
         if err.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
@@ -177,17 +191,45 @@ def _finite(v: object) -> bool:
 
 
 def _experiment_id(client: MlflowClient, name: str, root: Path) -> str:
+    """The id of experiment ``name``, created if needed; tagged as model training either way."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        mark_model_training(client, str(exp.experiment_id), exp.tags)
         return str(exp.experiment_id)
     location = None if is_server(client.tracking_uri) else artifact_location(root)
     try:
-        return str(client.create_experiment(name, artifact_location=location))
+        return str(
+            client.create_experiment(
+                name, artifact_location=location, tags={KIND_TAG: MODEL_TRAINING}
+            )
+        )
     except Exception:  # created concurrently by another process
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise
+        mark_model_training(client, str(exp.experiment_id), exp.tags)
         return str(exp.experiment_id)
+
+
+def mark_model_training(
+    client: MlflowClient, experiment_id: str, tags: Mapping[str, str] | None = None
+) -> bool:
+    """Tag experiment ``experiment_id`` ``mlflow.experimentKind: custom_model_development``
+    unless it has a kind someone chose (an experiment an older fedcomm created has none).
+    ``tags``: its tags, if already fetched. Whether it was tagged."""
+    if tags is None:
+        tags = client.get_experiment(experiment_id).tags
+    if tags.get(KIND_TAG, "") not in _INFERRED_KINDS:
+        return False
+    client.set_experiment_tag(experiment_id, KIND_TAG, MODEL_TRAINING)
+    return True
+
+
+def runs_page(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI's page of an experiment's runs (``ui_url``: where ``mlflow ui`` or the
+    tracking server listens, e.g. ``http://127.0.0.1:5000``), in its model-training view even where
+    the browser last used the GenAI one (MLflow 3.17's UI reads ``workflowType``, not the tag)."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -211,9 +253,12 @@ def open_run(
     params: Mapping[str, Any],
     run_id: str | None = None,
     parent_run_id: str | None = None,
+    dataset: PartitionInput | None = None,
 ) -> MlflowTracker:
     """Start a run, or reopen ``run_id`` (a resume) and find the last round it logged. With
-    ``parent_run_id`` the new run is nested under it (a sweep trial under its study).
+    ``parent_run_id`` the new run is nested under it (a sweep trial under its study). With
+    ``dataset`` the run has it as its one dataset input (a resumed run is not given it twice).
+    The experiment (the resumed run's, on a resume) is tagged as model training.
 
     Raises:
         TrackingStoreError: a damaged store or one of another MLflow schema version (checked
@@ -222,12 +267,15 @@ def open_run(
     root = project_root()
     client = open_client(uri, create=True, root=root)
     if run_id is not None:
-        require_run(
+        resumed = require_run(
             client,
             run_id,
             "restore the store that holds it, or train again without the checkpoint "
             "(`fedcomm train --no-resume`)",
         )
+        mark_model_training(client, str(resumed.info.experiment_id))
+        if dataset is not None:
+            log_partition_input(client, run_id, dataset)
         client.update_run(run_id, status="RUNNING")
         history = client.get_metric_history(run_id, "comm/cum_gib")
         last = max((m.step for m in history), default=0)
@@ -244,6 +292,8 @@ def open_run(
     for i in range(0, len(items), 100):
         client.log_batch(tracker.run_id, params=items[i : i + 100], synchronous=True)
     tracker.log_dict(dict(params), "config.json")
+    if dataset is not None:
+        client.log_inputs(tracker.run_id, datasets=[dataset.entity()])
     return tracker
 
 
@@ -274,9 +324,10 @@ def reopen(uri: str | None, run_id: str) -> MlflowTracker:
             version, or does not hold run ``run_id``.
     """
     client = open_client(uri, create=False)
-    require_run(
+    run = require_run(
         client, run_id, "restore the store that holds it, or train the run again (`fedcomm train`)"
     )
+    mark_model_training(client, str(run.info.experiment_id))
     return MlflowTracker(client, run_id, last_logged_round=0)
 
 
