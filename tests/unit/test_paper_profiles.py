@@ -20,8 +20,8 @@ PROFILES = REPO / "pipeline" / "reproductions"
 
 #: profile -> (one file the loader asks for, relative to the data root; input shape; classes)
 DATA: dict[str, tuple[str, tuple[int, ...], int]] = {
-    "fedsparse_cifar10": ("cifar-10-batches-py/data_batch_1", (3, 32, 32), 10),
-    "feddst_cifar10": ("cifar-10-batches-py/test_batch", (3, 32, 32), 10),
+    "fedsparse_cifar10": ("cifar10_jpeg/train", (3, 32, 32), 10),
+    "feddst_cifar10": ("cifar10_jpeg/train", (3, 32, 32), 10),
     "progfed_cifar100": ("cifar-100-python/train", (3, 32, 32), 100),
     "fedbiad_ptb": ("ptb/ptb.train.txt", (35,), 10_000),
 }
@@ -39,6 +39,22 @@ def _num_params(name: str) -> int:
         p.model.name, input_shape=shape, num_classes=classes, **model_options(p.model)
     )
     return sum(t.numel() for t in model.parameters())
+
+
+def _reads_the_jpeg_copy(name: str) -> bool:
+    """The CIFAR-10 profiles read the JPEG copy that exists offline (image_folder), and their
+    header says the one params change for the python batches and what "lossy" means."""
+    p = _params(name)
+    header = (PROFILES / f"{name}.yaml").read_text(encoding="utf-8")
+    batches = "cifar-10-batches-py/data_batch_1" in header and "test_batch" in header
+    return (
+        p.data.dataset.name == "image_folder"
+        and p.data.options()["path"] == "cifar10_jpeg"
+        and "one params change: data.dataset: {name: cifar10}" in header
+        and batches
+        and "lossy" in header
+        and "(JPEG q75 copy)" in header
+    )
 
 
 @pytest.mark.parametrize("name", list(DATA))
@@ -72,7 +88,7 @@ def test_validate_without_data_names_the_file_in_one_line(
 
 def test_fedsparse_cifar10_is_table_1() -> None:
     p = _params("fedsparse_cifar10")
-    assert p.data.dataset.name == "cifar10" and p.model.name == "cnn"
+    assert _reads_the_jpeg_copy("fedsparse_cifar10") and p.model.name == "cnn"
     assert p.partition.kind == "dirichlet" and p.partition.num_partitions == 100
     assert (p.train.rounds, p.train.clients_per_round) == (1000, 10)
     local = p.train.local
@@ -99,7 +115,7 @@ def test_fedsparse_cifar10_is_table_1() -> None:
 
 def test_feddst_cifar10_is_table_2() -> None:
     p = _params("feddst_cifar10")
-    assert p.data.dataset.name == "cifar10" and p.model.name == "feddst_cnn"
+    assert _reads_the_jpeg_copy("feddst_cifar10") and p.model.name == "feddst_cnn"
     part = p.partition
     assert part.kind == "lotteryfl"
     assert (part.num_partitions, part.shards_per_client, part.shard_size) == (400, 2, 20)

@@ -351,10 +351,10 @@ def test_cifar10_jpeg_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         "test": ((0.49407, 0.48506, 0.45038), (0.24485, 0.24220, 0.26058)),
     }
     for split, rows in (("train", slice(0, 50000)), ("test", slice(50000, None))):
-        x = ds.x[rows].astype(np.float64)
         mean, std = readme[split]
-        np.testing.assert_allclose(x.mean(axis=(0, 2, 3)), mean, atol=6e-6)
-        np.testing.assert_allclose(x.std(axis=(0, 2, 3)), std, atol=6e-6)
+        for c in range(3):  # one channel at a time in float64: 400 MB, not 1.2 GB
+            x = ds.x[rows, c].astype(np.float64)
+            assert abs(x.mean() - mean[c]) < 6e-6 and abs(x.std() - std[c]) < 6e-6, (split, c)
     # airplane 0: the first train image is the file train/airplane/0000.jpg, in RGB order
     from PIL import Image
 
