@@ -18,7 +18,8 @@
 set -euo pipefail
 
 name=${1-} profile=${2-} fresh=${3-} keep_code=${4-}
-CODE=(dvc.yaml .dvcignore .dvc/config .dvc/.gitignore stages src/fedcomm pipeline/plots)  # all the build runs
+# everything the build runs (its code): copied on the first call, compared on the later ones
+CODE=(dvc.yaml .dvcignore .dvc/config .dvc/.gitignore stages src/fedcomm pipeline/plots)
 root=$PWD
 build=build/$name
 
@@ -49,9 +50,11 @@ rm -rf "build/.$name.new" "build/.$name.old"  # left by a crash during a copy or
 
 git_() { git -C "$build" -c user.email=repro@fedcomm -c user.name=fedcomm "$@"; }
 
+SHA256=(sha256sum)
+command -v sha256sum >/dev/null || SHA256=(shasum -a 256)
 code_sums() {  # "<sha256>  <path>" of every code file under $1, sorted
   (cd "$1" && find "${CODE[@]}" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 \
-    2>/dev/null | LC_ALL=C sort -z | xargs -0 -r sha256sum)
+    2>/dev/null | LC_ALL=C sort -z | xargs -0 -r "${SHA256[@]}")
 }
 
 mark_abandoned() {  # $1: a build; the MLflow runs of its interrupted train stages -> FAILED

@@ -251,3 +251,37 @@ def test_a_second_make_reproduce_of_the_same_build_is_refused(tmp_path: Path) ->
         "error: build/t: another `make reproduce NAME=t` is running"
     )
     assert not (root / "build" / "t").exists()
+
+
+def test_dvc_locks_of_dead_processes_are_cleared_and_a_live_dvc_is_refused(tmp_path: Path) -> None:
+    """DVC's rwlock lists the dvc processes working in a build. A killed one's PID stays there;
+    DVC refuses to run while that PID looks alive (unreaped, or reused after a reboot): here
+    this test's own PID, alive but not working in the build. A live process in the build is."""
+    root = _project(tmp_path)
+    build = root / "build" / "t"
+    (build / ".dvc" / "tmp").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(build)], check=True)
+    shutil.copy(root / "t.yaml", build / "params.yaml")
+    shutil.copy(root / "dvc.yaml", build / "dvc.yaml")
+    rwlock = build / ".dvc" / "tmp" / "rwlock"
+
+    def lock(pid: int) -> None:
+        info = {"pid": pid, "cmd": "dvc repro"}
+        rwlock.write_text(json.dumps({"read": {"src": [info]}, "write": {"runs": info}}))
+
+    lock(os.getpid())
+    res = _run(root)
+    assert f"cleared DVC's lock left by the killed dvc process(es) {os.getpid()}" in res.stdout
+    assert not rwlock.exists()
+    # (then the rest of this make-believe build is refused: it lacks the project's code)
+    assert res.returncode == 2 and "was started with other code" in res.stderr
+
+    with subprocess.Popen(["sleep", "60"], cwd=build) as live:
+        lock(live.pid)
+        res = _run(root)
+        live.kill()
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[0] == (
+        f"error: build/t: dvc (PID {live.pid}) is running in it; wait for it or stop it"
+    )
+    assert rwlock.exists()
