@@ -191,6 +191,20 @@ def report(
 
 
 @app.command()
+def ui(
+    uri: Annotated[str | None, typer.Option(help="tracking URI (default: the project's)")] = None,
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 5000,
+) -> None:
+    """The MLflow UI on the project's store; prints the link to each experiment's runs."""
+    from fedcomm.tracking.ui import serve
+
+    with user_errors():
+        status = serve(uri, host=host, port=port, echo=typer.echo)
+    raise typer.Exit(status)
+
+
+@app.command()
 def sweep(
     space: Annotated[Path, typer.Argument(help="search-space YAML (pipeline/search_spaces/)")],
     trials: Annotated[

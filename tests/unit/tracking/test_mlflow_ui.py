@@ -1,7 +1,7 @@
-"""The MLflow UI itself, in a headless Chromium: a tiny run's experiment opens on its runs table
-(the link :func:`fedcomm.tracking.mlflow.runs_page` gives), and the table's Dataset column names
-the partition (``digits / dirichlet 8`` and the partition hash's first 12 characters, context
-``Training``).
+"""The MLflow UI itself, in a headless Chromium: ``fedcomm ui`` starts it on a tiny run's store
+and prints the link to the experiment's runs; the link opens on the runs table, whose Dataset
+column names the partition (``digits / dirichlet 8`` and the partition hash's first 12
+characters, context ``Training``).
 
 Needs Chromium (Debian: ``apt-get install -y chromium``): skipped without it, except under
 ``CI=1``, where its absence fails the test. Each page is loaded in a fresh browser profile, as a
@@ -13,6 +13,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -24,7 +29,7 @@ from fedcomm.experiment import partition_stage, train_stage
 from fedcomm.tracking import mlflow as tracking
 from fedcomm.tracking.inputs import DIGEST_CHARS
 from tests.conftest import tiny_params
-from tests.pipeline.servers import mlflow_server
+from tests.pipeline.servers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +65,40 @@ class _Text(HTMLParser):
     def handle_data(self, data: str) -> None:
         if not self._skip and data.strip():
             self.parts.append(" ".join(data.split()))
+
+
+@contextmanager
+def fedcomm_ui(root: Path, log: Path) -> Iterator[tuple[str, list[str]]]:
+    """``fedcomm ui`` on the project ``root``'s store, a free port; yields the UI's URL and the
+    lines fedcomm printed, and stops it (SIGTERM: it stops its ``mlflow ui``)."""
+    env = {**os.environ, "FEDCOMM_PROJECT_ROOT": str(root)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedcomm.cli", "ui", "--port", str(port)],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fedcomm ui did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        printed = [line for line in log.read_text().splitlines() if line.startswith(("M", " "))]
+        yield f"http://127.0.0.1:{port}", printed
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
 
 
 def _page_text(browser: str, url: str, profile: Path) -> list[str]:
@@ -98,12 +137,13 @@ def test_the_ui_opens_on_the_runs_and_names_the_partition(
     partition_stage(params)
     train_stage(params, "fedavg", 0, show_progress=False)
     phash = json.loads((root / "data" / "partition" / "manifest.json").read_text())["hash"]
-    store = f"sqlite:///{root / 'mlflow.db'}"
-    exp = MlflowClient(store).get_experiment_by_name("tests")
+    exp = MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_experiment_by_name("tests")
     assert exp is not None
 
-    with mlflow_server(store, tmp_path / "artifacts") as ui:
-        text = _page_text(browser, tracking.runs_page(ui, exp.experiment_id), tmp_path / "p1")
+    with fedcomm_ui(root, tmp_path / "ui.log") as (base, lines):
+        link = tracking.runs_page(base, exp.experiment_id)
+        assert lines[:2] == [f"MLflow UI: {base} (Ctrl-C stops it)", f"  tests: {link}"], lines
+        text = _page_text(browser, link, tmp_path / "profile")
 
     assert "Runs" in text and "fedavg-s0" in text, text  # the runs table, with the run
     assert "Overview" not in text and "Traces" in text, text  # model training's side bar
