@@ -9,8 +9,9 @@ round; 1 local epoch of plain SGD, server SGD lr 1):
 - W3, paper size (FedSparse's CIFAR-10 LeNet-5, ``pipeline/reproductions/fedsparse_cifar10.yaml``):
   the same ``cnn`` on 3x32x32 inputs (878,538 parameters), CIFAR-10's 50,000 training images
   IID over 100 clients, 10 per round, batch 64, lr 0.05, its 10,000 test images. Read from the
-  data root when CIFAR-10 is there, else random tensors of the same shapes (seeded; the speed is
-  the same, the accuracy is chance): the result's ``data`` says which.
+  data root: the python batches (``cifar-10-batches-py/``) when there, else the JPEG copy
+  (``cifar10_jpeg/``, the ``image_folder`` loader), else random tensors of the same shapes
+  (seeded; the speed is the same, the accuracy is chance): the result's ``data`` says which.
 
 Runners (every repeat of a (workload, runner) is a process of its own, with its own peak RSS):
 
@@ -139,18 +140,34 @@ DEFAULT_RUNNERS = {
 }
 
 
+# where a workload's dataset may be read, in order: (registered loader, its options, label)
+SOURCES: dict[str, list[tuple[str, dict[str, Any], str]]] = {
+    "mnist": [("mnist", {}, "mnist")],
+    # the python batches when present, else the JPEG copy of the shared data root (quality 75:
+    # the same shapes and about the same accuracy; cifar10_jpeg/README.md)
+    "cifar10": [
+        ("cifar10", {}, "cifar10"),
+        ("image_folder", {"path": "cifar10_jpeg"}, "cifar10_jpeg"),
+    ],
+}
+
+
 def _pool(wl: Workload, data_root: str, seed: int) -> tuple[Dataset, str]:
-    """The workload's dataset (official train rows first, then test) and where it came from."""
+    """The workload's dataset (official train rows first, then test) and where it came from:
+    the first of its :data:`SOURCES` under the data root, else (W3 only) random tensors."""
     if wl.dataset == "mnist":
         return load_dataset("mnist", data_root), "mnist"
-    try:
-        return load_dataset(wl.dataset, data_root), wl.dataset
-    except DatasetNotFoundError:  # same shapes, random values: the speed does not change
-        g = np.random.default_rng(seed)
-        n = wl.n_train + 10_000
-        x = g.standard_normal((n, *wl.shape), dtype=np.float32)
-        y = g.integers(0, 10, n)
-        return Dataset(wl.dataset, x, y, 10), "synthetic"
+    for loader, options, label in SOURCES.get(wl.dataset, []):
+        try:
+            return load_dataset(loader, data_root, **options), label
+        except DatasetNotFoundError:
+            continue
+    # same shapes, random values: the speed does not change, the accuracy is chance
+    g = np.random.default_rng(seed)
+    n = wl.n_train + 10_000
+    x = g.standard_normal((n, *wl.shape), dtype=np.float32)
+    y = g.integers(0, 10, n)
+    return Dataset(wl.dataset, x, y, 10), "synthetic"
 
 
 def start_up(
@@ -182,7 +199,10 @@ def run_library(
     backend: str = "sequential",
     algorithm_name: str = "fedavg",
     dev: torch.device = CPU,
+    cpu_s: list[float] | None = None,
 ) -> tuple[list[float], float]:
+    """``rounds`` rounds of ``loop.run``: each round's wall seconds and the final accuracy;
+    ``cpu_s``, when given, receives each round's process CPU seconds (all threads)."""
     local = LocalConfig(epochs=1, batch_size=wl.batch, lr=wl.lr)
     cfg = loop.LoopConfig(
         rounds, wl.per_round, local, seed, eval_every=1, backend=backend, device=str(dev)
@@ -190,7 +210,14 @@ def run_library(
     config = CONFIGS[algorithm_name]().with_rounds(rounds)  # the algorithm's defaults
     algorithm, compressor = build_algorithm(config), build_compressor("none")
     stamps: list[float] = []
-    t0 = time.perf_counter()
+    cpu_stamps: list[float] = []
+    t0, c0 = time.perf_counter(), time.process_time()
+
+    def tick(r: int, m: Any) -> None:
+        device.synchronize(dev)
+        stamps.append(time.perf_counter())
+        cpu_stamps.append(time.process_time())
+
     result = loop.run(
         cfg,
         algorithm,
@@ -198,9 +225,11 @@ def run_library(
         data,
         compressor,
         config_hash="bench",
-        progress=lambda r, m: (device.synchronize(dev), stamps.append(time.perf_counter())),
+        progress=tick,
     )
     round_s = [b - a for a, b in zip([t0, *stamps[:-1]], stamps, strict=True)]
+    if cpu_s is not None:
+        cpu_s.extend(b - a for a, b in zip([c0, *cpu_stamps[:-1]], cpu_stamps, strict=True))
     return round_s, float(result.state.round_rows[-1]["global/accuracy"])
 
 
@@ -211,15 +240,17 @@ def run_plain(
     rounds: int,
     seed: int,
     dev: torch.device = CPU,
+    cpu_s: list[float] | None = None,
 ) -> tuple[list[float], float]:
     """A typical research-code FedAvg loop (same cohorts as the library); on an accelerator the
-    model lives there and every batch is moved there, the data staying in host memory."""
+    model lives there and every batch is moved there, the data staying in host memory.
+    ``cpu_s``: as :func:`run_library`'s."""
     model.to(dev)
     gen = torch.Generator().manual_seed(seed)
     round_s: list[float] = []
     acc = 0.0
     for r in range(1, rounds + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         cohort = loop.sample_cohort(seed, r, data.num_clients, wl.per_round)
         states, weights = [], []
         for cid in cohort:
@@ -252,6 +283,8 @@ def run_plain(
                 correct += int((model(xb).argmax(1) == yb).sum())
         acc = correct / test.num_examples
         round_s.append(time.perf_counter() - t0)
+        if cpu_s is not None:
+            cpu_s.append(time.process_time() - c0)
     return round_s, acc
 
 
@@ -262,6 +295,7 @@ def run_minimal(
     rounds: int,
     seed: int,
     dev: torch.device = CPU,
+    cpu_s: list[float] | None = None,
 ) -> tuple[list[float], float]:
     """The least a batched FedAvg round can do: the cohort's weights stacked, every local step one
     ``vmap(grad(functional_call))`` and one fused SGD update of the stacked tensors, the mean of
@@ -280,7 +314,7 @@ def run_minimal(
     round_s: list[float] = []
     acc = 0.0
     for r in range(1, rounds + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         cohort = loop.sample_cohort(seed, r, data.num_clients, wl.per_round)
         C = len(cohort)
         n = data.train[cohort[0]].num_examples
@@ -308,6 +342,8 @@ def run_minimal(
         acc = correct / test.num_examples
         device.synchronize(dev)
         round_s.append(time.perf_counter() - t0)
+        if cpu_s is not None:
+            cpu_s.append(time.process_time() - c0)
     return round_s, acc
 
 
@@ -319,9 +355,11 @@ def forward_flops(model: torch.nn.Module, shape: tuple[int, ...] = (1, 28, 28)) 
     return int(counter.get_total_flops())
 
 
-def matmul_gflops(repeats: int = 5, dev: torch.device = CPU) -> float:
+def matmul_gflops(repeats: int = 5, dev: torch.device = CPU, cpu_clock: bool = False) -> float:
     """The best fp32 matmul throughput of this process (GFLOP/s) on ``dev``, large square and
-    batched."""
+    batched; with ``cpu_clock``, per second of process CPU time (all threads) instead of wall
+    time: GFLOP per CPU-second, the rate a loaded, shared host cannot take from the process."""
+    clock = time.process_time if cpu_clock else time.perf_counter
     best = 0.0
     shapes = [((2048, 2048), (2048, 2048)), ((100, 64, 784), (100, 784, 128))]
     for a_shape, b_shape in shapes:
@@ -330,10 +368,10 @@ def matmul_gflops(repeats: int = 5, dev: torch.device = CPU) -> float:
         torch.matmul(a, b)  # warm-up
         device.synchronize(dev)
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = clock()
             torch.matmul(a, b)
             device.synchronize(dev)
-            best = max(best, flops / (time.perf_counter() - t0) / 1e9)
+            best = max(best, flops / (clock() - t0) / 1e9)
     return best
 
 
@@ -378,15 +416,16 @@ def worker(
     t0 = time.perf_counter()
     data, model, source = start_up(wl, data_root, seed)
     startup = time.perf_counter() - t0
+    cpu_s: list[float] = []
     if runner.kind in ("plain", "minimal"):
         # the process-wide malloc setting the library's backends apply (a research loop can set
         # it too: MALLOC_MMAP_THRESHOLD_); without it its speed jumped between runs (docs/speed.md)
         allocator.tune()
         plain = run_plain if runner.kind == "plain" else run_minimal
-        round_s, acc = plain(wl, data, model, rounds, seed, dev)
+        round_s, acc = plain(wl, data, model, rounds, seed, dev, cpu_s)
     else:
         round_s, acc = run_library(
-            wl, data, model, rounds, seed, runner.backend, runner.algorithm, dev
+            wl, data, model, rounds, seed, runner.backend, runner.algorithm, dev, cpu_s
         )
     fwd = forward_flops(model, wl.shape)
     train_samples = wl.n_train // wl.clients * wl.per_round
@@ -396,6 +435,8 @@ def worker(
         "data": source,
         "startup_s": startup,
         "round_s": round_s,
+        "round_cpu_s": cpu_s,  # process CPU seconds per round (all threads, spin-waits too)
+        "loadavg_1min": os.getloadavg()[0],  # the host's load as the repeat ended (shared)
         "final_accuracy": acc,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "forward_flops": fwd,
@@ -403,6 +444,7 @@ def worker(
         "round_traffic_gb": traffic / 1e9,
         "stream_gbps": stream_gbps(dev),
         "matmul_gflops": matmul_gflops(dev=dev),
+        "matmul_gflops_per_cpu_s": matmul_gflops(dev=dev, cpu_clock=True) if dev == CPU else None,
         "threads": torch.get_num_threads(),
         "device": device_label(dev),
         "peak_device_mib": torch.cuda.max_memory_allocated(dev) / 2**20
@@ -431,6 +473,10 @@ def summarize(name: str, runner_name: str, reps: list[dict[str, Any]]) -> dict[s
         "algorithm": runner.algorithm if runner.kind == "library" else "fedavg",
         "round_s_median": statistics.median(steady),
         "round1_s_median": statistics.median(rep["round_s"][0] for rep in reps),
+        "round_cpu_s_median": statistics.median(
+            s for rep in reps for s in (rep["round_cpu_s"][1:] or rep["round_cpu_s"])
+        ),
+        "loadavg_1min": [rep["loadavg_1min"] for rep in reps],
         "startup_s": statistics.median(rep["startup_s"] for rep in reps),
         "peak_rss_mib": max(rep["peak_rss_mib"] for rep in reps),
         "device": last.get("device", "cpu"),
@@ -441,6 +487,7 @@ def summarize(name: str, runner_name: str, reps: list[dict[str, Any]]) -> dict[s
         "round_traffic_gb": last["round_traffic_gb"],
         "stream_gbps": max(rep["stream_gbps"] for rep in reps),
         "matmul_gflops": max(rep["matmul_gflops"] for rep in reps),
+        "matmul_gflops_per_cpu_s": max((rep.get("matmul_gflops_per_cpu_s") or 0.0) for rep in reps),
         "threads": last["threads"],
         "env": dict(runner.env),
         "repeats": reps,
@@ -520,12 +567,14 @@ def report(results: list[dict[str, Any]]) -> None:
         "workload",
         "runner",
         "s/round (median)",
+        "CPU s/round",
         "round 1 s",
         "start-up s",
         "peak RSS MiB",
         "peak device MiB",
         "final acc",
         "x FLOP bound",
+        "CPU x FLOP bound (CPU s)",
         "x memory bound",
         "plain / this",
         "sequential / this",
@@ -542,6 +591,15 @@ def report(results: list[dict[str, Any]]) -> None:
     }
     for r in results:
         r["bound_s"] = r["round_gflop"] / best[r["workload"]]  # GFLOP / (GFLOP/s)
+    # the same bound in CPU seconds (GFLOP per CPU-second of the best matmul): on a shared,
+    # loaded host the CPU time of a round is what its code costs, the wall time is not
+    best_cpu = {
+        wl: max(r.get("matmul_gflops_per_cpu_s") or 0.0 for r in results if r["workload"] == wl)
+        for wl in {r["workload"] for r in results}
+    }
+    for r in results:
+        rate = best_cpu[r["workload"]]
+        r["bound_cpu_s"] = r["round_gflop"] / rate if rate else None
     bandwidth = {
         wl: max(r["stream_gbps"] for r in results if r["workload"] == wl)
         for wl in {r["workload"] for r in results}
@@ -558,12 +616,14 @@ def report(results: list[dict[str, Any]]) -> None:
             wl,
             r["runner"],
             f"{t:.4f}",
+            f"{r['round_cpu_s_median']:.3f}",
             f"{r['round1_s_median']:.3f}",
             f"{r['startup_s']:.2f}",
             f"{r['peak_rss_mib']:.0f}",
             "-" if r.get("peak_device_mib") is None else f"{r['peak_device_mib']:.0f}",
             f"{100 * r['final_accuracy']:.2f}%",
             f"{t / r['bound_s']:.2f}x",
+            "-" if not r["bound_cpu_s"] else f"{r['round_cpu_s_median'] / r['bound_cpu_s']:.2f}x",
             f"{t / r['memory_bound_s']:.2f}x",
             ratio(by.get((wl, "plain")), t),
             ratio(by.get((wl, "sequential")), t),

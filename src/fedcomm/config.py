@@ -366,11 +366,14 @@ class TrainConfig(Strict):
     rounds: int = Field(ge=1)
     clients_per_round: int = Field(ge=1)
     local: LocalConfig = Field(default_factory=LocalConfig)
-    backend: Literal["sequential", "vectorized"] = Field(
+    backend: Literal["sequential", "vectorized", "auto"] = Field(
         "sequential",
         description="sequential: one client after the other (the reference); vectorized: the "
         "round's clients train as one batched computation (torch.func.vmap), falling back to "
-        "sequential, with a log line saying why, for algorithms or models it cannot batch",
+        "sequential, with a log line saying why, for algorithms or models it cannot batch; "
+        "auto: the faster of the two for the model and device, by a fixed rule (on the CPU, "
+        "sequential for models with convolutions, else vectorized; vectorized on a GPU), "
+        "logged in one line (fedcomm.simulation.auto_backend, docs/speed.md)",
     )
     chunk_size: int | Literal["auto"] = Field(
         128,

@@ -233,3 +233,53 @@ def test_lstm_clients_batch_and_match_sequential(name: str, output: str) -> None
 def test_unknown_backend_is_refused(fed: FederatedTensors) -> None:
     with pytest.raises(ValueError, match=r"train.backend: 'gpu' is not one of"):
         _run("fedavg", fed, "gpu", rounds=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "model_name"),
+    [
+        ("fedavg", "mnist_cnn"),
+        ("fedsparse", "mnist_cnn"),  # gates on conv channels
+        ("feddrop", "mnist_cnn"),  # dropped conv channels (FedDrop takes no FedDST net)
+        ("fedbiad", "mnist_cnn"),  # weight noise on conv weights
+        ("fedavg", "feddst_cnn"),
+        ("feddst", "feddst_cnn"),  # masks readjusted mid-training
+    ],
+)
+def test_conv_nets_batch_and_match_the_channels_last_sequential_run(
+    name: str, model_name: str, fed: FederatedTensors
+) -> None:
+    """Conv nets: the sequential backend runs them channels-last (oneDNN's layout, max pooling
+    before the ReLU), the vectorized one as NCHW grouped convolutions under vmap; the runs agree
+    within the same tolerance as the MLP's."""
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        kw: dict[str, Any] = {
+            "channels": [3, 4],
+            "hidden": [8] if model_name == "feddst_cnn" else 8,
+        }
+        digits = (1, 16, 16)  # the 8x8 digits upsampled: room for two 5x5 blocks of either net
+        return build_model(model_name, input_shape=digits, num_classes=fed.num_classes, **kw)
+
+    big = _upsampled(fed)
+    seq = _run(name, big, "sequential", model=model(), rounds=2)
+    vec = _run(name, big, "vectorized", model=model(), rounds=2)
+    assert vec.backend == "vectorized"
+    _assert_close(seq, vec)
+
+
+def _upsampled(fed: FederatedTensors) -> FederatedTensors:
+    """``fed``'s 8x8 images as 16x16 (bilinear: repeated pixels would tie the max pools)."""
+
+    def up(d: ClientData) -> ClientData:
+        x = torch.nn.functional.interpolate(d.x, scale_factor=2, mode="bilinear")
+        return ClientData(x, d.y)
+
+    return FederatedTensors(
+        tuple(up(d) for d in fed.train),
+        tuple(up(d) for d in fed.test),
+        up(fed.global_test),
+        fed.num_classes,
+        (1, 16, 16),
+    )

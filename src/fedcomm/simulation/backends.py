@@ -4,7 +4,9 @@
   on the one reused model structure;
 * ``vectorized``: every client's broadcast is decoded and turned into a local-training job
   (``client_job``), the jobs train together in chunks of ``chunk_size`` clients
-  (:mod:`fedcomm.simulation.vectorized`), then each job is finished in cohort order.
+  (:mod:`fedcomm.simulation.vectorized`), then each job is finished in cohort order;
+* ``auto``: one of the two by the rule of :mod:`fedcomm.simulation.auto_backend` (model kind and
+  device), logged in one line.
 
 Both yield one :class:`Turn` per client in cohort order; the loop then encodes, accounts and
 evaluates exactly as before, so ledgers, generators' streams and metrics line up. An algorithm
@@ -32,13 +34,13 @@ from fedcomm.algorithms.base import ClientContext, ClientResult, FedAlgorithm, R
 from fedcomm.comm.payload import Payload
 from fedcomm.models.lstm import unrolled
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.simulation import allocator, device, vectorized
+from fedcomm.simulation import allocator, auto_backend, device, vectorized
 from fedcomm.simulation.data import FederatedTensors
 
 log = logging.getLogger("fedcomm.backend")
 
-BackendName = Literal["sequential", "vectorized"]
-BACKENDS: tuple[str, ...] = ("sequential", "vectorized")
+BackendName = Literal["sequential", "vectorized", "auto"]
+BACKENDS: tuple[str, ...] = ("sequential", "vectorized", "auto")
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ StateOf = Callable[[int], Any]  # client id -> its algorithm state (the store's 
 
 
 class Backend:
-    """The chosen backend for one run; ``effective`` says what actually runs."""
+    """The chosen backend for one run: ``requested`` is the configured name, ``name`` what it
+    means here (``auto`` resolved), ``effective`` what actually runs (after a fallback)."""
 
     def __init__(
         self,
@@ -72,8 +75,10 @@ class Backend:
     ) -> None:
         if name not in BACKENDS:
             raise ValueError(f"train.backend: {name!r} is not one of {list(BACKENDS)}")
-        self.name = name
         self.device = next(model.parameters()).device
+        self.requested = name
+        name = auto_backend.resolve(name, model, self.device)  # "auto": the rule's choice
+        self.name = name
         self.precision = precision
         self.chunk_size = chunk_size
         self.chunk_sizes: dict[tuple[Any, ...], int] = {}  # chunk_size auto: kept for the run
