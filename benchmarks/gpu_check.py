@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import hashlib
 import importlib.metadata
 import logging
 import os
@@ -59,7 +60,6 @@ import tempfile
 import time
 import traceback
 import types
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ from torch import nn
 from fedcomm import atomic
 from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.base import ClientData
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import Params, model_options, read_yaml_mapping, validate_params
 from fedcomm.data import text
@@ -81,7 +82,7 @@ from fedcomm.models import build_model
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import backends as library_backends
 from fedcomm.simulation import device, loop
-from fedcomm.simulation.data import ClientData, FederatedTensors
+from fedcomm.simulation.data import FederatedTensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # backends.py, beside this file
 import backends
@@ -92,6 +93,15 @@ PARTS = ("env", "contract", "backends", "profiles", "pfl")
 # time to the later ones); env takes no share (seconds)
 SHARES = {"env": 0.0, "contract": 0.12, "backends": 0.22, "profiles": 0.46, "pfl": 0.20}
 MIN_SLICE_S = 3.0  # a part or a run with less time than this is skipped
+MAX_WORKLOAD_ROUNDS = 10  # W1's 20 rounds cut to 10 (the median of 9 steady rounds), W2 5, W3 3
+# profile values the check changes on the GPU too, each with its reason (recorded in the JSON)
+CHECK_OVERRIDES: dict[str, dict[str, Any]] = {
+    "feddst_cifar10": {
+        # PruneFL's phase one (1000 single-client rounds before round 1) would take the whole
+        # part's time; 20 show its cost per phase-one round in round 1's time
+        "algorithms.prunefl.initial_rounds": 20,
+    },
+}
 PROFILES = ("fedsparse_cifar10", "feddst_cifar10", "fedbiad_ptb", "progfed_cifar100")
 TEST_IMAGES = 10_000  # W1-W3 and pfl: the official test set's size
 PTB_TOKENS = (887_521, 70_390, 78_669)  # Mikolov's train / valid / test (../shared/data)
@@ -237,6 +247,17 @@ def federate(dataset: Dataset, spec: PartitionSpec) -> FederatedTensors:
     return FederatedTensors.build(dataset, part.train, part.test)
 
 
+class Collect(logging.Handler):
+    """The messages of the log records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def timed_run(
     cfg: loop.LoopConfig,
     algorithm: Any,
@@ -261,14 +282,23 @@ def timed_run(
     peak_reset(dev)
     t0 = time.perf_counter()
     stopped = None
-    effective = None
+    heard = Collect()
+    backend_log = logging.getLogger("fedcomm.backend")
+    level = backend_log.level
+    backend_log.setLevel(logging.INFO)
+    backend_log.addHandler(heard)
     try:
         result = loop.run(
             cfg, algorithm, model, data, compressor, config_hash="gpu-check", progress=progress
         )
         effective = result.backend
-    except OutOfTime as err:
+    except OutOfTime as err:  # the backend said at its start whether it falls back
         stopped = str(err)
+        fell_back = any("runs sequentially" in m for m in heard.messages)
+        effective = "sequential" if fell_back else cfg.backend
+    finally:
+        backend_log.removeHandler(heard)
+        backend_log.setLevel(level)
     round_s = [b - a for a, b in zip([t0, *stamps[:-1]], stamps, strict=True)]
     evals = [r for r in rows if r.get("global/accuracy") is not None]
     last_eval = evals[-1] if evals else {}
@@ -280,6 +310,7 @@ def timed_run(
         "stopped": stopped,
         "backend": cfg.backend,
         "backend_ran": effective,
+        "backend_log": heard.messages,
         "round_s": round_s,
         "s_per_round": steady(round_s),
         "round1_s": round_s[0] if round_s else None,
@@ -332,6 +363,7 @@ def part_env(args: argparse.Namespace, dev: torch.device, deadline: float) -> di
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "packages": package_versions(),
         "git_commit": git_commit(),
+        "source_sha256": source_digest(),
     }
     if dev.type == "cuda":
         free, total = torch.cuda.mem_get_info(dev)
@@ -346,6 +378,14 @@ def part_env(args: argparse.Namespace, dev: torch.device, deadline: float) -> di
             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         }
     return env
+
+
+def source_digest() -> str:
+    """sha256 of ``src/fedcomm/**/*.py`` (paths and bytes): which code ran, without ``.git``."""
+    h = hashlib.sha256()
+    for path in sorted((REPO / "src" / "fedcomm").rglob("*.py")):
+        h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def git_commit() -> str | None:
@@ -369,73 +409,83 @@ CONTRACT_ARGS = ["tests/contract/test_device.py", "-k", "cuda"]
 
 
 def part_contract(args: argparse.Namespace, dev: torch.device, deadline: float) -> dict[str, Any]:
+    """The tests in a pytest subprocess that writes each outcome as it happens: a run stopped
+    at the end of its time slice still reports the tests it finished."""
     with tempfile.TemporaryDirectory() as tmp:
-        junit = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, __file__, "--contract-worker", str(junit)]
+        outcomes = Path(tmp) / "outcomes.txt"
+        cmd = [sys.executable, __file__, "--contract-worker", str(outcomes)]
         t0 = time.perf_counter()
+        timed_out = False
         try:
-            proc = subprocess.run(
-                cmd,
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=max(1.0, deadline - time.perf_counter()),
-            )
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                                  timeout=max(1.0, deadline - time.perf_counter()))  # fmt: skip
+            code, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as err:
-            tail = (err.stdout or b"")[-2000:]
-            raise RuntimeError(f"the contract tests ran past their time slice: {tail!r}") from None
-        seconds = time.perf_counter() - t0
-        for line in (proc.stdout + proc.stderr).splitlines()[-40:]:
+            timed_out, code = True, None
+            raw = err.stdout or b""  # (bytes, whatever text= says)
+            output = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        for line in output.splitlines()[-40:]:
             log.info("  pytest: %s", line)
-        if not junit.is_file():
-            raise RuntimeError(
-                f"pytest wrote no report (exit {proc.returncode}): "
-                f"{(proc.stdout + proc.stderr)[-1500:]}"
-            )
-        counts = junit_counts(junit)
+        counts = outcome_counts(outcomes.read_text() if outcomes.is_file() else "")
+    digits = [
+        line.removeprefix("digits: ") for line in output.splitlines() if line.startswith("digits: ")
+    ]
     counts |= {
-        "exit_code": proc.returncode,
-        "seconds": seconds,
+        "exit_code": code,
+        "timed_out": timed_out,
+        "seconds": time.perf_counter() - t0,
         "args": CONTRACT_ARGS,
-        "digits": proc.stdout.split("digits: ")[-1].splitlines()[0]
-        if "digits: " in proc.stdout
-        else None,
+        "digits": digits[0] if digits else None,
     }
-    if counts["failed"] or counts["errors"] or proc.returncode not in (0, 5):
-        raise PartFailed(f"{counts['failed']} failed, {counts['errors']} errors", counts)
+    if timed_out:
+        raise PartFailed(
+            f"stopped at the end of its time slice after {counts['ran']} tests", counts
+        )
+    if counts["failed"] or counts["errors"] or code != 0 or not counts["ran"]:
+        raise PartFailed(
+            f"{counts['failed']} failed, {counts['errors']} errors, exit {code}", counts
+        )
     return counts
 
 
 class PartFailed(Exception):
-    """A part that ran to its end and measured something wrong: its result is kept."""
+    """A part that ran and measured something wrong (or not all): its result is kept."""
 
     def __init__(self, message: str, result: dict[str, Any]) -> None:
         super().__init__(message)
         self.result = result
 
 
-def junit_counts(path: Path) -> dict[str, Any]:
-    """passed / failed / errors / skipped and the names of the failures, from pytest's XML."""
-    cases = ET.parse(path).getroot().iter("testcase")
+def outcome_counts(lines: str) -> dict[str, Any]:
+    """passed / failed / errors / skipped and the tests that did not pass, from the worker's
+    ``<outcome> <test id>`` lines."""
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     bad: list[str] = []
-    for case in cases:
-        kinds = {child.tag for child in case}
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        if "failure" in kinds:
-            counts["failed"] += 1
-            bad.append(name)
-        elif "error" in kinds:
-            counts["errors"] += 1
-            bad.append(name)
-        elif "skipped" in kinds:
-            counts["skipped"] += 1
-        else:
-            counts["passed"] += 1
-    return {**counts, "not_passed": bad}
+    for line in lines.splitlines():
+        outcome, _, test = line.partition(" ")
+        counts[outcome] += 1
+        if outcome in ("failed", "errors"):
+            bad.append(test)
+    return {**counts, "ran": sum(counts.values()), "not_passed": bad}
 
 
-def contract_worker(junit: str) -> int:
+class OutcomeWriter:
+    """A pytest plugin: one ``<outcome> <test id>`` line per test, flushed as it is known."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed at session end)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.when == "call" or report.outcome != "passed":  # setup errors and skips too
+            kind = "errors" if report.failed and report.when != "call" else report.outcome
+            self.file.write(f"{kind} {report.nodeid}\n")
+            self.file.flush()
+
+    def pytest_sessionfinish(self) -> None:
+        self.file.close()
+
+
+def contract_worker(outcomes: str) -> int:
     """Run the CUDA contract tests in this process (the ``--contract-worker`` mode). Without
     scikit-learn (the GPU machine has none), its ``load_digits`` is read from the file that
     scikit-learn bundles, carried beside the wheels: the same 1,797 digits, bit for bit."""
@@ -449,8 +499,8 @@ def contract_worker(junit: str) -> int:
         carried = REPO / os.environ.get("GPU_WHEELS", ".gpu-wheels") / "digits.csv.gz"
         install_digits(carried)
         print(f"digits: {carried.name} from the wheels (scikit-learn's file, without scikit-learn)")
-    args = ["-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *CONTRACT_ARGS]
-    return int(pytest.main(args))
+    args = ["-q", "-p", "no:cacheprovider", *CONTRACT_ARGS]
+    return int(pytest.main(args, plugins=[OutcomeWriter(outcomes)]))
 
 
 def read_digits(path: Path) -> types.SimpleNamespace:
@@ -510,7 +560,7 @@ def part_backends(args: argparse.Namespace, dev: torch.device, deadline: float) 
     }
     for name, full in backends.WORKLOADS.items():
         wl = small_workload(full) if args.small else full
-        rounds = args.rounds or wl.rounds
+        rounds = args.rounds or min(wl.rounds, MAX_WORKLOAD_ROUNDS)
         data = workload_data(wl, args.seed, SMALL_TEST if args.small else TEST_IMAGES)
         node: dict[str, Any] = {"workload": dataclasses.asdict(wl), "rounds": rounds, "runs": {}}
         out["workloads"][name] = node
@@ -589,7 +639,8 @@ def brief(run: Mapping[str, Any]) -> str:
 
 def profile_params(name: str, small: bool) -> Params:
     raw = read_yaml_mapping(REPO / "pipeline" / "reproductions" / f"{name}.yaml", "profile")
-    for dotted, value in (SMALL_PROFILE[name] if small else {}).items():
+    changes = CHECK_OVERRIDES.get(name, {}) | (SMALL_PROFILE[name] if small else {})
+    for dotted, value in changes.items():
         node = raw
         *parents, leaf = dotted.split(".")
         for p in parents:
@@ -600,9 +651,10 @@ def profile_params(name: str, small: bool) -> Params:
 
 def profile_data(params: Params, name: str, small: bool, seed: int) -> tuple[FederatedTensors, str]:
     """The profile's federation on synthetic data of its dataset's shapes; says which."""
-    ds = params.data.dataset.name
+    source = params.data.dataset
+    ds: str = source.name
     if ds == "image_folder":
-        ds = f"image_folder:{params.data.dataset.path}"  # type: ignore[union-attr]
+        ds = f"image_folder:{getattr(source, 'path', '')}"
     if ds == "ptb":
         seq_len = int(params.data.options().get("seq_len", 35))
         divisor = SMALL_TOKENS_DIVISOR if small else 1
@@ -659,6 +711,8 @@ def part_profiles(args: argparse.Namespace, dev: torch.device, deadline: float) 
             continue
         node["data_s"] = time.perf_counter() - t0
         node |= {
+            "overrides": CHECK_OVERRIDES.get(name, {})
+            | (SMALL_PROFILE[name] if args.small else {}),
             "clients": data.num_clients,
             "clients_per_round": params.train.clients_per_round,
             "eval_every": params.train.eval_every,
@@ -871,7 +925,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="folder of gpu_check.json and gpu_check.log (default $OUT, else "
         "benchmarks/results/ with the date and device in the names)",
     )
-    p.add_argument("--contract-worker", metavar="JUNIT", help=argparse.SUPPRESS)
+    p.add_argument("--contract-worker", metavar="OUTCOMES", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.dry_run:
         args.device, args.rounds, args.small = "cpu", 1, True
