@@ -138,16 +138,18 @@ def partition_input(
             f"{path}: cannot be read ({type(err).__name__}); run `fedcomm partition` again"
         ) from None
     missing = [key for key in _REQUIRED if not isinstance(manifest, dict) or key not in manifest]
-    if missing:
+    spec = manifest.get("spec") if isinstance(manifest, dict) else None
+    if not missing and not (isinstance(spec, dict) and "kind" in spec):
+        missing = ["spec.kind"]
+    if missing or not isinstance(spec, dict):
         raise InputError(
             f"{path}: lacks {', '.join(missing)} (written by another fedcomm version?); run "
             "`fedcomm partition` again"
         )
-    spec = manifest["spec"] if isinstance(manifest["spec"], dict) else {}
     base = Path.cwd() if root is None else root
     return PartitionInput(
         dataset=str(manifest["dataset"]),
-        kind=str(spec.get("kind", "partition")),
+        kind=str(spec["kind"]),
         num_clients=int(manifest["num_clients"]),
         num_rows=int(manifest["num_rows"]),
         num_classes=int(manifest["num_classes"]),

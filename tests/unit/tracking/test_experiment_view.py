@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
@@ -28,19 +29,25 @@ KIND = {tracking.KIND_TAG: tracking.MODEL_TRAINING}
 
 
 @pytest.fixture
-def params(project: Path) -> Params:
+def params(store: Path) -> Params:
     """The tiny params (digits, 8 clients), 2 rounds, partitioned in ``project``."""
     p = Params.model_validate(tiny_params(**{"train.rounds": 2}))
     partition_stage(p)
     return p
 
 
-def _manifest(root: Path) -> dict[str, object]:
+def _manifest(root: Path) -> dict[str, Any]:
     return dict(json.loads((root / "data" / "partition" / "manifest.json").read_text()))
 
 
 def _client(root: Path) -> MlflowClient:
     return MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+
+
+def _tags(client: MlflowClient, name: str) -> dict[str, str]:
+    exp = client.get_experiment_by_name(name)
+    assert exp is not None, name
+    return dict(exp.tags)
 
 
 def _datasets(client: MlflowClient, run_id: str) -> list[DatasetInput]:
@@ -57,6 +64,7 @@ def test_a_training_run_names_its_partition(project: Path, params: Params) -> No
     (only,) = _datasets(client, run.info.run_id)
     manifest = _manifest(project)
     ds = only.dataset
+    assert ds.profile is not None
     assert ds.name == "digits / dirichlet 8"
     assert ds.digest == str(manifest["hash"])[:DIGEST_CHARS] == run.data.tags["partition_hash"][:12]
     assert ds.source_type == SOURCE_TYPE
@@ -92,7 +100,9 @@ def test_a_resumed_run_keeps_one_dataset_input(
     with pytest.raises(Crash):
         train_stage(params, "fedavg", 0, show_progress=False, on_round=crash)
     client = _client(project)
-    (failed,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    exp = client.get_experiment_by_name("tests")
+    assert exp is not None
+    (failed,) = client.search_runs([exp.experiment_id])
     assert failed.info.status == "FAILED" and len(_datasets(client, failed.info.run_id)) == 1
 
     out = train_stage(params, "fedavg", 0, show_progress=False)  # resumes the same MLflow run
@@ -110,18 +120,17 @@ def test_experiments_made_before_are_tagged_and_a_chosen_kind_is_kept(
     client.create_experiment("tests")  # as an older fedcomm left it: no kind
     client.create_experiment("genai", tags={tracking.KIND_TAG: "genai_development"})
     train_stage(params, "fedavg", 0, show_progress=False)
-    assert client.get_experiment_by_name("tests").tags == KIND
+    assert _tags(client, "tests") == KIND
 
     tracking.init_store(None, "genai")  # a sweep's experiment: someone chose GenAI for it
-    assert client.get_experiment_by_name("genai").tags == {tracking.KIND_TAG: "genai_development"}
+    assert _tags(client, "genai") == {tracking.KIND_TAG: "genai_development"}
     tracking.init_store(None, "sweep/new")
-    assert client.get_experiment_by_name("sweep/new").tags == KIND
+    assert _tags(client, "sweep/new") == KIND
 
 
-def test_reopening_an_older_run_tags_its_experiment(project: Path) -> None:
+def test_reopening_an_older_run_tags_its_experiment(store: Path) -> None:
     """`fedcomm evaluate` (and a sweep's retried trial) reopen runs logged by older versions."""
-    client = _client(project)
-    tracking.init_store(None)
+    client = _client(store)
     exp_id = client.create_experiment("old")
     run_id = client.create_run(exp_id).info.run_id
     client.set_terminated(run_id)
@@ -129,9 +138,8 @@ def test_reopening_an_older_run_tags_its_experiment(project: Path) -> None:
     assert client.get_experiment(exp_id).tags == KIND
 
 
-def test_an_inferred_kind_is_replaced(project: Path) -> None:
-    client = _client(project)
-    tracking.init_store(None)
+def test_an_inferred_kind_is_replaced(store: Path) -> None:
+    client = _client(store)
     exp_id = client.create_experiment("x", tags={tracking.KIND_TAG: "genai_development_inferred"})
     assert tracking.mark_model_training(client, exp_id)
     assert client.get_experiment(exp_id).tags == KIND
@@ -155,6 +163,10 @@ def test_a_damaged_manifest_is_named(project: Path, params: Params) -> None:
     good = _manifest(project)
     manifest.write_text(json.dumps({k: v for k, v in good.items() if k != "num_rows"}))
     with pytest.raises(InputError, match=r"manifest\.json: lacks num_rows \(written by another"):
+        partition_input(Paths().partition, data_root=None)
+    spec = {k: v for k, v in good["spec"].items() if k != "kind"}
+    manifest.write_text(json.dumps({**good, "spec": spec}))
+    with pytest.raises(InputError, match=r"manifest\.json: lacks spec\.kind \(written by"):
         partition_input(Paths().partition, data_root=None)
     manifest.write_text("{")
     with pytest.raises(InputError, match=r"manifest\.json: cannot be read \(JSONDecodeError\)"):

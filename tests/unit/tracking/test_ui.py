@@ -10,13 +10,11 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from fedcomm.cli import app
-from fedcomm.tracking import mlflow as tracking
 from fedcomm.tracking.ui import experiment_pages, ui_command, ui_url
 
 
-def test_each_experiment_with_runs_gets_its_runs_page(project: Path) -> None:
-    tracking.init_store(None)
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+def test_each_experiment_with_runs_gets_its_runs_page(store: Path) -> None:
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     ids = {name: client.create_experiment(name) for name in ("b", "a", "empty")}
     for name in ("a", "b"):
         client.create_run(ids[name])
