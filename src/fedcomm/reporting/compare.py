@@ -246,8 +246,9 @@ def runs_section(runs: Sequence[LoadedRun], uri: str | None) -> str:
         )
     return (
         "## Runs\n\n"
-        f"The MLflow runs behind each row; open them with `mlflow ui --backend-store-uri "
-        f"{resolve_tracking_uri(uri)}`.\n\n" + "\n".join(rows)
+        f"The MLflow runs behind each row; open them with `fedcomm ui --uri "
+        f"{resolve_tracking_uri(uri)}` (it starts `mlflow ui` and prints each experiment's runs "
+        "page).\n\n" + "\n".join(rows)
     )
 
 
