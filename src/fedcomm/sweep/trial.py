@@ -39,6 +39,7 @@ from fedcomm.experiment import (
 )
 from fedcomm.sweep.space import Objective, Sweep, trial_params
 from fedcomm.tracking import mlflow as tracking
+from fedcomm.tracking.inputs import partition_input
 
 # what :func:`score` reports besides the objectives (trial attributes, mean over seeds)
 DETAIL_KEYS = (
@@ -184,6 +185,7 @@ def run_trial(
             tags={**tags, "fedcomm.kind": "trial", "run": sweep.run},
             params={"values": values, "seeds": list(sweep.seeds)},
             parent_run_id=parent_run_id,
+            dataset=partition_input(partition, data_root=params.data.root),  # its seeds' data
         )
         parent = trial_run.run_id
         if on_run is not None:
