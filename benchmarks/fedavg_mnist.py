@@ -41,7 +41,7 @@ from fedcomm.data.types import Dataset
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.models import build_model
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.simulation import loop
+from fedcomm.simulation import global_eval, loop
 from fedcomm.simulation.data import FederatedTensors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,10 @@ def one_repeat(rounds: int, data_root: str, seed: int) -> dict[str, Any]:
         evals.append((timer.global_s, timer.local_s))
         timer.global_s = timer.local_s = 0.0
 
-    with patch.object(loop, "evaluate", timer):  # the loop's evaluations, timed
+    with (  # the loop's evaluations, timed: local in loop, global in global_eval
+        patch.object(loop, "evaluate", timer),
+        patch.object(global_eval, "evaluate", timer),
+    ):
         t_run = time.perf_counter()
         result = loop.run(
             cfg, algorithm, model, data, compressor, config_hash="b", progress=progress

@@ -392,7 +392,20 @@ class TrainConfig(Strict):
         "(matmuls and convolutions; parameters, updates and evaluation stay fp32; fp16 has no "
         "loss scaling)",
     )
-    eval_every: int = Field(1, ge=1)
+    eval_every: int = Field(
+        1,
+        ge=1,
+        description="evaluate the global model every n rounds (and after the last); each "
+        "distinct test example once, whatever the number of clients holding it",
+    )
+    local_eval_every: int = Field(
+        1,
+        ge=1,
+        description="local accuracy (each client's last upload on its own test split) every n "
+        "rounds (and after the last): 1 evaluates each upload at once; n > 1 keeps the uploads "
+        "since the last time (up to n x clients_per_round models, in host memory) and evaluates "
+        "each client's newest, reusing every other client's last result",
+    )
     eval_batch_size: int = Field(2048, ge=1)
     topk: int = Field(1, ge=1, description="k of topk/accuracy (3 for next-word prediction)")
     checkpoint_every: int = Field(5, ge=1)

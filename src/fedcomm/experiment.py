@@ -38,7 +38,6 @@ from fedcomm.data.federated import (
 )
 from fedcomm.data.partitioners import PartitionError
 from fedcomm.data.types import Dataset
-from fedcomm.evaluation.metrics import evaluate
 from fedcomm.evaluation.summaries import LinkModel, summarize_run, upload_ratios
 from fedcomm.models import build_model
 from fedcomm.models.progressive import dense_numel
@@ -48,6 +47,7 @@ from fedcomm.simulation import checkpoint as ckpt_mod
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.device import resolve as resolve_device
+from fedcomm.simulation.global_eval import evaluate_global
 from fedcomm.simulation.progress import round_progress
 from fedcomm.sparse_io import save_sparse
 from fedcomm.tracking import mlflow as tracking
@@ -296,6 +296,7 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         local=t.local,
         seed=seed,
         eval_every=t.eval_every,
+        local_eval_every=t.local_eval_every,
         eval_batch_size=t.eval_batch_size,
         topk=t.topk,
         checkpoint_every=t.checkpoint_every,
@@ -515,11 +516,9 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
     )
     model, data = model.to(dev), data.to(dev)
     members = [{k: v.to(dev) for k, v in m.items()} for m in members]
-    g = evaluate(model, members, data.global_test.x, data.global_test.y, topk=(params.train.topk,))
-    per_client = [
-        {"client_id": c, **_eval_row(evaluate(model, members, d.x, d.y))}
-        for c, d in enumerate(data.test)
-    ]
+    ge = evaluate_global(model, members, data, topk=(params.train.topk,), per_client=True)
+    g = ge.union  # each distinct test example once; every client's split gathered from it
+    per_client = [{"client_id": c, **_eval_row(r)} for c, r in enumerate(ge.clients)]
     table = pl.DataFrame(per_client, infer_schema_length=None)
     atomic.write_parquet(out / "eval_clients.parquet", table)
     summary["saved_model"] = {

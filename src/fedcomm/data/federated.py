@@ -451,3 +451,45 @@ def partition_is_current(out_dir: Path, expected_hash: str) -> bool:
         return bool(_read_manifest(Path(out_dir))["hash"] == expected_hash)
     except PartitionFileError:
         return False
+
+
+# --- shared test rows ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RowPool:
+    """The clients' test splits as indices into one pool of distinct dataset rows.
+
+    A partitioner may give many clients the same test rows (``lotteryfl``: every client holding
+    a class tests on that class's rows). The pool holds each such row once, so a model's
+    predictions on it are computed once and every client's (and the union's) metrics are
+    gathered from them.
+
+    Attributes:
+        rows: ``(P,)`` int64 dataset rows of the pool, each once (``P`` <= dataset rows).
+        clients: per client, ``(n_c,)`` int64 positions in ``rows`` of its test split, in
+            the split's order.
+        union: ``(sum n_c,)`` int64 positions in ``rows`` of the union of the clients' splits
+            (concatenated in client order, duplicates kept); ``None`` when no row is shared,
+            and the pool is then that union itself, in that order.
+    """
+
+    rows: np.ndarray
+    clients: tuple[np.ndarray, ...]
+    union: np.ndarray | None
+
+    @classmethod
+    def of(cls, test: tuple[np.ndarray, ...] | list[np.ndarray]) -> RowPool:
+        """The pool of the per-client test rows ``test`` (e.g. :attr:`Partition.test`)."""
+        parts = [np.asarray(t, dtype=np.int64) for t in test]
+        if not parts:
+            return cls(_frozen(np.zeros(0, np.int64)), (), None)
+        sizes = [len(t) for t in parts]
+        union = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        cuts = np.cumsum(sizes)[:-1]
+        pool, where = np.unique(union, return_inverse=True)
+        if len(pool) == len(union):  # nothing shared: the pool is the union, in order
+            positions = _frozen(np.arange(len(union), dtype=np.int64))
+            return cls(_frozen(union), tuple(np.split(positions, cuts)), None)
+        where = _frozen(where.reshape(-1))
+        return cls(_frozen(pool), tuple(np.split(where, cuts)), where)

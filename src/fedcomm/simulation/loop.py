@@ -7,10 +7,14 @@ Per round ``r`` (1-based):
 3. each client: ``algorithm.client_update`` on its pre-tensorised data with the generator
    ``(seed, CLIENT, r, client)``; the uplink compressor encodes; the ledger records its bits;
    the server decodes; the client's returned model is evaluated on its own test split
-   (its "last upload" for local accuracy); its state goes to the client store;
+   (its "last upload" for local accuracy) when local evaluation is due this round, else kept
+   until it is; its state goes to the client store;
 4. ``algorithm.server_update`` on the decoded uplinks (first mapped by the compressor's
    ``server_hook``, if any: SignSGD's majority vote);
-5. evaluate the global model when due; log one batch of metrics; checkpoint when due.
+5. local accuracy when due (``local_eval_every``): the uploads kept since the last one are
+   evaluated, every other client's last result is reused; the global model when due
+   (``eval_every``), each distinct test example once (:mod:`fedcomm.simulation.global_eval`);
+   log one batch of metrics; checkpoint when due.
 
 Step 3 runs on the configured backend (:mod:`fedcomm.simulation.backends`): ``sequential``
 reuses one model object for every client (parameters passed explicitly, never deep-copied into
@@ -45,12 +49,13 @@ from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger
 from fedcomm.comm.payload import Payload
-from fedcomm.evaluation.metrics import EvalResult, evaluate
+from fedcomm.evaluation.metrics import evaluate
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
 from fedcomm.simulation import checkpoint, device
 from fedcomm.simulation.backends import Backend, RoundInputs
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.simulation.global_eval import evaluate_global
 from fedcomm.types import Params
 
 CRASH_ENV = "FEDCOMM_KILL_AFTER_ROUND"  # test hook: SIGKILL this process after that round
@@ -72,6 +77,7 @@ class LoopConfig:
     local: LocalConfig
     seed: int
     eval_every: int = 1
+    local_eval_every: int = 1  # local accuracy every n rounds (and the last); 1: at each upload
     eval_batch_size: int = 2048
     topk: int = 1
     checkpoint_every: int = 5
@@ -113,6 +119,8 @@ class ClientRecord:
     local_accuracy: float | None = None  # of its last upload, on its own test split
     local_loss: float | None = None
     test_n: int = 0
+    pending: Any = None  # its last upload on the CPU, not yet evaluated (local_eval_every > 1)
+    pending_row: int | None = None  # its index in the run's client rows
 
 
 @dataclass(frozen=True)
@@ -262,6 +270,7 @@ def _one_round(
     losses: list[tuple[float, int]] = []
     client_metrics: list[Mapping[str, float]] = []
     skipped: list[int] = []  # clients that diverged (train.on_divergence: skip)
+    local_due = round_ % cfg.local_eval_every == 0 or round_ == cfg.rounds
 
     def state_of(cid: int) -> Any:
         record = state.clients.get(cid)
@@ -288,20 +297,19 @@ def _one_round(
         uploaded = result.local_params
         if payload is not result.uplink and algorithm.uploaded_model is not None:
             uploaded = algorithm.uploaded_model(decoded_down, decoded_up)  # what the server got
-        local = evaluate(
-            model,
-            uploaded,
-            data.test[cid].x,
-            data.test[cid].y,
-            batch_size=cfg.eval_batch_size,
-        )
-        state.clients[cid] = ClientRecord(
-            result.state,
-            comp_state,
-            local.accuracy if local.n else None,
-            local.loss if local.n else None,
-            local.n,
-        )
+        local: tuple[float | None, float | None, int | None]
+        if local_due:  # evaluated now: its record holds the result
+            local = _local_eval(model, uploaded, data, cid, cfg.eval_batch_size)
+            state.clients[cid] = ClientRecord(result.state, comp_state, *local)
+        else:  # kept until local evaluation is due; its last result is reused until then
+            state.clients[cid] = ClientRecord(
+                result.state,
+                comp_state,
+                *(_last_result(record)),
+                pending=_on(uploaded, torch.device("cpu")),
+                pending_row=len(state.client_rows),
+            )
+            local = (None, None, None)  # this upload's row: filled in when evaluated
         loss = result.metrics.get("train/loss", math.nan)
         why = diverged(result.metrics.get("train/loss"), decoded_up, cfg.divergence_loss)
         if why is not None:
@@ -324,9 +332,9 @@ def _one_round(
                 "num_examples": result.num_examples,
                 "train_s": train_s[-1],
                 "train_loss": loss,
-                "local_accuracy": local.accuracy if local.n else None,
-                "local_loss": local.loss if local.n else None,
-                "test_n": local.n,
+                "local_accuracy": local[0],
+                "local_loss": local[1],
+                "test_n": local[2],
             }
         )
     if not uplinks:
@@ -359,7 +367,9 @@ def _one_round(
     }
     if skipped:
         metrics["train/diverged_clients"] = float(len(skipped))
-    metrics.update(_local_metrics(state.clients, data.num_clients))
+    if local_due:
+        _evaluate_pending(state, model, data, cfg.eval_batch_size)
+        metrics.update(_local_metrics(state.clients, data.num_clients))
     metrics.update(aggregate_client_metrics(client_metrics))
     metrics.update(
         {
@@ -373,20 +383,15 @@ def _one_round(
     metrics["model/sparsity"] = 1.0 - dens
     if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:  # 5. evaluate
         members = split_members(params)
-        test = data.global_test
-
-        def on_global_test(params: Any, topk: tuple[int, ...] = ()) -> EvalResult:
-            return evaluate(
-                model, params, test.x, test.y, batch_size=cfg.eval_batch_size, topk=topk
-            )
-
-        g = on_global_test(members, (cfg.topk,))
+        batch = cfg.eval_batch_size
+        g = evaluate_global(model, members, data, batch_size=batch, topk=(cfg.topk,)).union
         metrics["global/accuracy"] = g.accuracy
         metrics["global/loss"] = g.loss
         metrics["topk/accuracy"] = g.topk.get(cfg.topk)
         if len(members) > 1:  # an ensemble: each member's accuracy too
             for k, member in enumerate(members):
-                metrics[f"global/member{k}/accuracy"] = on_global_test(member).accuracy
+                one = evaluate_global(model, member, data, batch_size=batch).union
+                metrics[f"global/member{k}/accuracy"] = one.accuracy
     return metrics, cum_bits, cum_up_bits
 
 
@@ -413,6 +418,47 @@ def _weighted(values: list[float], weights: list[int]) -> float | None:
     if not pairs:
         return None
     return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+
+
+LocalResult = tuple[float | None, float | None, int]  # accuracy, loss, test examples
+
+
+def _local_eval(
+    model: nn.Module, params: Any, data: FederatedTensors, cid: int, batch_size: int
+) -> LocalResult:
+    """Client ``cid``'s model ``params`` on its own test split."""
+    test = data.test[cid]
+    local = evaluate(model, params, test.x, test.y, batch_size=batch_size)
+    return (local.accuracy if local.n else None, local.loss if local.n else None, local.n)
+
+
+def _last_result(record: ClientRecord | None) -> LocalResult:
+    if record is None:
+        return (None, None, 0)
+    return (record.local_accuracy, record.local_loss, record.test_n)
+
+
+def _on(params: Any, dev: torch.device) -> Any:
+    """``params`` (a mapping of tensors, or a list of them) copied to ``dev``."""
+    if isinstance(params, Mapping):
+        return {k: v.detach().to(dev, copy=True) for k, v in params.items()}
+    return [_on(p, dev) for p in params]
+
+
+def _evaluate_pending(
+    state: checkpoint.RunState, model: nn.Module, data: FederatedTensors, batch_size: int
+) -> None:
+    """Evaluate every upload kept since the last local evaluation (clients in id order): its
+    result goes to the client's record and to the client row of the round it was uploaded."""
+    dev = data.global_test.x.device
+    for cid in sorted(c for c, r in state.clients.items() if r.pending is not None):
+        record = state.clients[cid]
+        result = _local_eval(model, _on(record.pending, dev), data, cid, batch_size)
+        record.local_accuracy, record.local_loss, record.test_n = result
+        if record.pending_row is not None:
+            row = state.client_rows[record.pending_row]
+            row["local_accuracy"], row["local_loss"], row["test_n"] = result
+        record.pending, record.pending_row = None, None
 
 
 def _local_metrics(

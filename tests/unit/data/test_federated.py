@@ -159,6 +159,7 @@ def test_overlapping_test_splits_global_accuracy_is_test_size_weighted_mean() ->
 
     from fedcomm.evaluation.metrics import evaluate
     from fedcomm.simulation.data import FederatedTensors
+    from fedcomm.simulation.global_eval import evaluate_global
 
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(4), 60)
@@ -170,7 +171,8 @@ def test_overlapping_test_splits_global_accuracy_is_test_size_weighted_mean() ->
     model = torch.nn.Linear(2, 4)
     params = dict(model.named_parameters())
     per_client = [evaluate(model, params, d.x, d.y) for d in fed.test]
-    g = evaluate(model, params, fed.global_test.x, fed.global_test.y)
+    g = evaluate_global(model, params, fed).union  # the union, from the pool's predictions
+    assert fed.global_test.num_examples == 4 * 8  # the pool: each class's 8 test rows once
     assert g.n == sum(r.n for r in per_client) == sum(len(t) for t in part.test)
     weighted = sum(r.accuracy * r.n for r in per_client) / g.n
     assert g.accuracy == pytest.approx(weighted)
