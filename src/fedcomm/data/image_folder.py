@@ -45,7 +45,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import numpy as np
 
@@ -266,7 +265,9 @@ def _describe_size(hw: tuple[int, int]) -> str:
     return f"{hw[0]}x{hw[1]} (height x width)"
 
 
-def _decode_one(path: Path, mode: str, hw: tuple[int, int] | None, first: Path | None) -> Any:
+def _decode_one(
+    path: Path, mode: str, hw: tuple[int, int] | None, first: Path | None
+) -> np.ndarray:
     """One image as ``(H, W, C)`` uint8, checked for mode and size."""
     from PIL import Image, UnidentifiedImageError
 
