@@ -104,11 +104,12 @@ install_missing() {  # $1 python, $2 target folder, the rest: requirement specs
   [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1 \
     || die "$* missing and no wheels in $WHEELS/ (run make gpu-wheels where there is network, carry $WHEELS)"
   echo "gpu_check.sh: installing $* from $WHEELS/ into $target" >&2
-  if "$py" -m pip --version >/dev/null 2>&1; then
-    "$py" -m pip install --quiet --no-index --find-links "$WHEELS" --target "$target" \
-      --disable-pip-version-check "$@"
-  else  # no pip: a wheel is a zip of the installed files; unpack every one not installed
-    echo "gpu_check.sh: $py has no pip; unpacking the wheels it lacks" >&2
+  if ! "$py" -m pip install --quiet --no-index --find-links "$WHEELS" --target "$target" \
+      --disable-pip-version-check "$@"; then
+    # no pip, or a pip that refuses: a wheel is a zip of the installed files; unpack every one
+    # whose distribution this Python does not have
+    echo "gpu_check.sh: pip could not install them; unpacking the wheels $py lacks" >&2
+    rm -rf "${target:?}"/*
     "$py" - "$WHEELS" "$target" <<'PY'
 import importlib.metadata as md, pathlib, re, sys, zipfile
 wheels, target = pathlib.Path(sys.argv[1]), sys.argv[2]
