@@ -372,8 +372,9 @@ class TrainConfig(Strict):
         "round's clients train as one batched computation (torch.func.vmap), falling back to "
         "sequential, with a log line saying why, for algorithms or models it cannot batch; "
         "auto: the faster of the two for the model and device, by a fixed rule (on the CPU, "
-        "sequential for models with convolutions, else vectorized; vectorized on a GPU), "
-        "logged in one line (fedcomm.simulation.auto_backend, docs/speed.md)",
+        "sequential for models with convolutions or recurrent layers, else vectorized; "
+        "vectorized on a GPU), logged in one line (fedcomm.simulation.auto_backend, "
+        "docs/speed.md)",
     )
     chunk_size: int | Literal["auto"] = Field(
         128,

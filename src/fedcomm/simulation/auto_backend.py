@@ -8,10 +8,13 @@ float rounding, so a choice that changed with the host's load would change a run
   cohort's convolutions to grouped convolutions in the NCHW layout (it has no channels-last
   layout), while one client at a time runs oneDNN's channels-last convolutions and max pooling
   (``models.vision.channels_last``); measured on the paper-size CIFAR-10 round (W3 of
-  ``benchmarks/backends.py``) and the FedDST CNN, the sequential backend is the faster one
-  (``docs/speed.md``).
-* **CPU, any other model** (MLPs, LSTMs) -> ``vectorized``: the batched step wins where each
-  client's step is small (W1: 2.2x the sequential round; the PTB LSTM: ``docs/speed.md``).
+  ``benchmarks/backends.py``), the sequential backend is the faster one (``docs/speed.md``).
+* **CPU, a model with recurrent layers** (LSTM) -> ``sequential``: one client at a time runs
+  the fused oneDNN LSTM kernel; batched, the LSTM runs its gate form one time step after
+  another (vmap has no rule for the fused kernel), measured 2x the CPU time per client step on
+  the PTB 2x300 LSTM, with about 0.5 GB of working memory per client (``docs/speed.md``).
+* **CPU, any other model** (MLPs) -> ``vectorized``: the batched step wins where each client's
+  step is small (W1: 2.2x faster than the sequential round).
 * **an accelerator** (``cuda``, ``mps``) -> ``vectorized``: a step per client leaves a GPU
   mostly idle, and the batched step is written to keep it busy (nothing read back per step).
   This is the design's expectation; no GPU timing backs it yet (``docs/speed.md``).
@@ -30,6 +33,7 @@ from torch import nn
 log = logging.getLogger("fedcomm.backend")
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_RECURRENT = (nn.RNNBase,)  # nn.LSTM (and fedcomm's GateLSTM), nn.GRU, nn.RNN
 
 
 def choose(model: nn.Module, device: torch.device) -> tuple[str, str]:
@@ -42,7 +46,15 @@ def choose(model: nn.Module, device: torch.device) -> tuple[str, str]:
             f"on the CPU a model with convolutions ({', '.join(convs)}) trains faster one client "
             "at a time in channels-last than as vmapped grouped convolutions"
         )
-    return "vectorized", "on the CPU a model without convolutions trains faster batched"
+    rnns = sorted({type(m).__name__ for m in model.modules() if isinstance(m, _RECURRENT)})
+    if rnns:
+        return "sequential", (
+            f"on the CPU a model with recurrent layers ({', '.join(rnns)}) trains faster one "
+            "client at a time on the fused kernel than batched in its gate form"
+        )
+    return "vectorized", (
+        "on the CPU a model without convolutions or recurrent layers trains faster batched"
+    )
 
 
 def resolve(name: str, model: nn.Module, device: torch.device) -> str:

@@ -46,16 +46,16 @@ def _cnn(fed: FederatedTensors) -> torch.nn.Module:
         ("feddst_cnn", (3, 32, 32), {}, "sequential"),
         ("resnet20", (3, 32, 32), {}, "sequential"),
         ("mlp", (1, 28, 28), {"hidden": [8]}, "vectorized"),
-        ("lstm", (35,), {"embed_dim": 8, "hidden": 8}, "vectorized"),
+        ("lstm", (35,), {"embed_dim": 8, "hidden": 8}, "sequential"),
     ],
 )
-def test_rule_on_the_cpu_is_keyed_on_convolutions(
+def test_rule_on_the_cpu_is_keyed_on_convolutions_and_recurrent_layers(
     name: str, shape: tuple[int, ...], kw: dict[str, object], expected: str
 ) -> None:
     model = build_model(name, input_shape=shape, num_classes=10, **kw)
     chosen, why = auto_backend.choose(model, CPU)
     assert chosen == expected
-    assert ("Conv2d" in why) == (expected == "sequential")
+    assert ("Conv2d" in why or "GateLSTM" in why) == (expected == "sequential")
 
 
 @pytest.mark.parametrize("kind", ["cuda", "mps"])
