@@ -53,6 +53,7 @@ import logging
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -152,6 +153,14 @@ SMALL_PROFILE: dict[str, dict[str, Any]] = {
 log = logging.getLogger("gpu_check")
 
 
+class Terminated(BaseException):
+    """SIGTERM (the launcher's ``timeout``): the running part is recorded as stopped."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum}")
+
+
 class OutOfTime(Exception):
     """Raised from a run's progress callback once its time slice is spent."""
 
@@ -188,6 +197,15 @@ class Report:
 
     def save(self) -> None:
         atomic.write_json(self.path, self.data)
+
+
+@dataclasses.dataclass
+class Result:
+    """A part's result node, already inside the report: the part fills ``data`` and calls
+    ``save()`` after each run, so a stopped part keeps every run it finished."""
+
+    data: dict[str, Any]
+    save: Callable[[], None]
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -346,7 +364,7 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def part_env(args: argparse.Namespace, dev: torch.device, deadline: float) -> dict[str, Any]:
+def part_env(args: argparse.Namespace, dev: torch.device, deadline: float, res: Result) -> None:
     env: dict[str, Any] = {
         "device": str(dev),
         "python": platform.python_version(),
@@ -377,7 +395,7 @@ def part_env(args: argparse.Namespace, dev: torch.device, deadline: float) -> di
             "memory_free_mib": free / 2**20,
             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         }
-    return env
+    res.data.update(env)
 
 
 def source_digest() -> str:
@@ -408,7 +426,9 @@ def git_commit() -> str | None:
 CONTRACT_ARGS = ["tests/contract/test_device.py", "-k", "cuda"]
 
 
-def part_contract(args: argparse.Namespace, dev: torch.device, deadline: float) -> dict[str, Any]:
+def part_contract(
+    args: argparse.Namespace, dev: torch.device, deadline: float, res: Result
+) -> None:
     """The tests in a pytest subprocess that writes each outcome as it happens: a run stopped
     at the end of its time slice still reports the tests it finished."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -445,7 +465,7 @@ def part_contract(args: argparse.Namespace, dev: torch.device, deadline: float) 
         raise PartFailed(
             f"{counts['failed']} failed, {counts['errors']} errors, exit {code}", counts
         )
-    return counts
+    res.data.update(counts)
 
 
 class PartFailed(Exception):
@@ -551,9 +571,12 @@ def small_workload(wl: backends.Workload) -> backends.Workload:
     return dataclasses.replace(wl, clients=clients, per_round=2, n_train=clients * per_client)
 
 
-def part_backends(args: argparse.Namespace, dev: torch.device, deadline: float) -> dict[str, Any]:
+def part_backends(
+    args: argparse.Namespace, dev: torch.device, deadline: float, res: Result
+) -> None:
     devices = [dev] if dev.type == "cpu" else [dev, torch.device("cpu")]
-    out: dict[str, Any] = {
+    out = res.data
+    out |= {
         "data": "synthetic",
         "matmul_gflops": {str(d): backends.matmul_gflops(dev=d) for d in devices},
         "workloads": {},
@@ -572,6 +595,7 @@ def part_backends(args: argparse.Namespace, dev: torch.device, deadline: float) 
                     continue
                 node["runs"][key] = one_backend_run(wl, data, rounds, runner, d, args.seed)
                 log.info("  %s %s: %s", name, key, brief(node["runs"][key]))
+                res.save()
             seq = node["runs"].get(f"{d.type}/sequential", {}).get("s_per_round")
             vec = node["runs"].get(f"{d.type}/vectorized", {}).get("s_per_round")
             node[f"{d.type}/sequential_over_vectorized"] = seq / vec if seq and vec else None
@@ -586,7 +610,7 @@ def part_backends(args: argparse.Namespace, dev: torch.device, deadline: float) 
                 best = out["matmul_gflops"][key.split("/")[0]]
                 run["x_flop_bound"] = run["s_per_round"] / (node["round_gflop"] / best)
         del data
-    return out
+        res.save()
 
 
 def workload_model(wl: backends.Workload) -> nn.Module:
@@ -694,8 +718,10 @@ def profile_loop_config(
     return loop.LoopConfig(**(shared | {"rounds": rounds, "seed": seed, "device": str(dev)}))
 
 
-def part_profiles(args: argparse.Namespace, dev: torch.device, deadline: float) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def part_profiles(
+    args: argparse.Namespace, dev: torch.device, deadline: float, res: Result
+) -> None:
+    out = res.data
     plans = [(name, profile_params(name, args.small)) for name in args.profiles]
     runs_left = sum(len(p.experiment.runs) for _, p in plans)
     for name, params in plans:
@@ -730,8 +756,8 @@ def part_profiles(args: argparse.Namespace, dev: torch.device, deadline: float) 
                 continue
             node["runs"][run] = profile_run(params, run, data, args, dev, slice_s)
             log.info("  %s %s: %s", name, run, brief(node["runs"][run]))
+            res.save()
         del data
-    return out
 
 
 def profile_run(
@@ -801,13 +827,14 @@ def pfl_simple_cnn(dropout: bool = True, classes: int = 10) -> nn.Module:
     return model
 
 
-def part_pfl(args: argparse.Namespace, dev: torch.device, deadline: float) -> dict[str, Any]:
+def part_pfl(args: argparse.Namespace, dev: torch.device, deadline: float, res: Result) -> None:
     wl = small_workload(PFL) if args.small else PFL
     rounds = args.rounds or wl.rounds
     data = workload_data(wl, args.seed, SMALL_TEST if args.small else TEST_IMAGES)
     local = LocalConfig(epochs=1, batch_size=wl.batch, lr=wl.lr)
     reason = library_backends.model_unbatched_reason(pfl_simple_cnn().to(dev), data.to(dev), local)
-    out: dict[str, Any] = {
+    out = res.data
+    out |= {
         "workload": dataclasses.asdict(wl),
         "rounds": rounds,
         "data": "synthetic cifar10 shapes",
@@ -826,12 +853,12 @@ def part_pfl(args: argparse.Namespace, dev: torch.device, deadline: float) -> di
             wl, data, rounds, runner, dev, args.seed, lambda d=dropout: pfl_simple_cnn(d)
         )
         log.info("  pfl %s: %s", key, brief(out["runs"][key]))
-    return out
+        res.save()
 
 
 # --- the driver ---------------------------------------------------------------------------------
 
-PART_FNS: dict[str, Callable[[argparse.Namespace, torch.device, float], dict[str, Any]]] = {
+PART_FNS: dict[str, Callable[[argparse.Namespace, torch.device, float, Result], None]] = {
     "env": part_env,
     "contract": part_contract,
     "backends": part_backends,
@@ -856,11 +883,18 @@ def run_parts(args: argparse.Namespace, dev: torch.device, report: Report) -> bo
         report.save()
         t0, cpu0 = time.perf_counter(), time.process_time()
         try:
-            node["result"] = PART_FNS[part](args, dev, t0 + slice_s)
+            node["result"] = {}
+            PART_FNS[part](args, dev, t0 + slice_s, Result(node["result"], report.save))
             node["status"] = "ok"
         except PartFailed as err:
-            node |= {"status": "error", "error": str(err), "result": err.result}
+            node |= {"status": "error", "error": str(err)}
+            node["result"].update(err.result)
             ok = False
+        except Terminated as err:  # what the finished parts and runs measured is on disk
+            node |= {"status": "error", "error": f"stopped by {err} (the launcher's timeout)"}
+            node["seconds"] = time.perf_counter() - t0
+            report.save()
+            raise
         except Exception as err:  # recorded; the next part runs
             log.error("part %s failed: %s", part, traceback.format_exc())
             node |= {
@@ -967,7 +1001,14 @@ def main(argv: list[str] | None = None) -> int:
             args.parts,
             report.path,
         )
-        ok = run_parts(args, dev, report)
+        signal.signal(signal.SIGTERM, _terminate)
+        try:
+            ok = run_parts(args, dev, report)
+        except Terminated:
+            log.error("stopped by SIGTERM: the JSON holds every part that ended")
+            return 124
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         report.data["finished"] = True
         report.save()
         log.info("done: %s", "every part ok" if ok else "some parts failed (see the JSON)")

@@ -124,12 +124,12 @@ def test_a_failing_part_is_recorded_and_the_next_runs(
     """The error is in the JSON on disk before the next part starts; the exit status is 1."""
     seen: dict[str, Any] = {}
 
-    def broken(*_: Any) -> dict[str, Any]:
+    def broken(*_: Any) -> None:
         raise RuntimeError("no GPU left")
 
-    def after(*_: Any) -> dict[str, Any]:
+    def after(*args: Any) -> None:
         seen.update(read(tmp_path)["parts"]["contract"])  # as a killed run would leave it
-        return {"runs": {"a": {"status": "ok"}, "b": {"status": "error", "error": "x"}}}
+        args[-1].data["runs"] = {"a": {"status": "ok"}, "b": {"status": "error", "error": "x"}}
 
     monkeypatch.setitem(gpu_check.PART_FNS, "contract", broken)
     monkeypatch.setitem(gpu_check.PART_FNS, "pfl", after)
@@ -192,3 +192,34 @@ def test_the_pfl_cnn_is_pfl_researchs(gpu_check: ModuleType) -> None:
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     plain = gpu_check.pfl_simple_cnn(dropout=False)
     assert not any(isinstance(m, torch.nn.Dropout) for m in plain.modules())
+
+
+@pytest.mark.slow
+def test_a_terminated_check_keeps_the_runs_it_finished(tmp_path: Path) -> None:
+    """SIGTERM (the launcher's timeout) mid-part: every run that ended is in the JSON, the part
+    says it was stopped, the exit status is 124."""
+    cmd = [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--parts", "backends"]
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        runs: dict[str, Any] = {}
+        while not runs and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            try:
+                part = read(tmp_path)["parts"].get("backends", {})
+            except (FileNotFoundError, json.JSONDecodeError):
+                continue
+            runs = part.get("result", {}).get("workloads", {}).get("W1", {}).get("runs", {})
+        assert runs, "no run was recorded"
+        proc.terminate()
+        assert proc.wait(timeout=120) == 124
+    finally:
+        proc.kill()
+    report = read(tmp_path)
+    part = report["parts"]["backends"]
+    assert part["status"] == "error" and "stopped by signal 15" in part["error"]
+    assert report["finished"] is False
+    kept = part["result"]["workloads"]["W1"]["runs"]
+    assert runs.keys() <= kept.keys() and all(kept[k]["status"] == "ok" for k in runs)
