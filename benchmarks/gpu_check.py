@@ -791,7 +791,20 @@ def profile_run(
         log.error("    failed: %s", traceback.format_exc())
         return {"status": "error", "algorithm": acfg.name, "error": f"{type(err).__name__}: {err}"}
     params_n = sum(p.numel() for p in model.parameters())
-    return {"status": "ok", "algorithm": acfg.name, "parameters": params_n, **res}
+    full = params.train.rounds + acfg.extra_rounds()  # the profile's whole run
+    s = res["s_per_round"]
+    # a linear projection of the measured rounds, not a measurement: round 1 (with any warm
+    # start) plus the steady median for every other round; a lower bound for ProgFed, whose
+    # first rounds train its smallest stage
+    projected = res["round1_s"] + (full - 1) * s if s is not None else None
+    return {
+        "status": "ok",
+        "algorithm": acfg.name,
+        "parameters": params_n,
+        "full_rounds": full,
+        "projected_full_run_s": projected,
+        **res,
+    }
 
 
 # --- part 5: pfl-research's CIFAR-10 benchmark workload ----------------------------------------
