@@ -1,6 +1,7 @@
 """Where a round's time goes: the torch profiler over steady rounds of a backends.py workload.
 
     python benchmarks/profile_round.py [--workload W1] [--runner vectorized] [--rounds 3]
+                                       [--threads N]
 
 Runs two warm-up rounds, then profiles ``--rounds`` rounds of the same ``loop.run`` call that
 ``benchmarks/backends.py`` times, and prints the operators by self CPU time per round (ms) with
@@ -32,9 +33,12 @@ def main() -> None:
     )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     root = os.environ.get(bench.DATA_ROOT_ENV) or str(bench.REPO.parent / "shared" / "data")
     p.add_argument("--data-root", default=root)
     args = p.parse_args()
+    if args.threads:  # 1 on a shared, loaded host (docs/speed.md, issue 27)
+        torch.set_num_threads(args.threads)
     wl, runner = bench.WORKLOADS[args.workload], bench.RUNNERS[args.runner]
     if runner.kind != "library":
         raise SystemExit("profile_round.py profiles the library's runners, not 'plain'")
