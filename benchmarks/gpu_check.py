@@ -393,7 +393,8 @@ def part_env(args: argparse.Namespace, dev: torch.device, deadline: float, res: 
             "multiprocessors": prop.multi_processor_count,
             "memory_total_mib": total / 2**20,
             "memory_free_mib": free / 2**20,
-            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_matmul": getattr(torch.backends.cuda.matmul, "allow_tf32", None),
+            "tf32_cudnn": getattr(torch.backends.cudnn, "allow_tf32", None),
         }
     res.data.update(env)
 
@@ -578,7 +579,8 @@ def part_backends(
     out = res.data
     out |= {
         "data": "synthetic",
-        "matmul_gflops": {str(d): backends.matmul_gflops(dev=d) for d in devices},
+        # by device type, as the runs are keyed ("cuda/vectorized": resolve gives cuda:0)
+        "matmul_gflops": {d.type: backends.matmul_gflops(dev=d) for d in devices},
         "workloads": {},
     }
     for name, full in backends.WORKLOADS.items():

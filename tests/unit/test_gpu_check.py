@@ -224,3 +224,30 @@ def test_a_terminated_check_keeps_the_runs_it_finished(tmp_path: Path) -> None:
     assert report["finished"] is False
     kept = part["result"]["workloads"]["W1"]["runs"]
     assert runs.keys() <= kept.keys() and all(kept[k]["status"] == "ok" for k in runs)
+
+
+def test_a_gpu_run_measures_each_workload_on_the_gpu_and_the_cpu(
+    gpu_check: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backends part's bookkeeping for a CUDA device (as ``resolve`` names it: cuda:0),
+    with the runs themselves replaced: no GPU here."""
+    calls: list[tuple[str, str]] = []
+
+    def fake_run(wl: Any, data: Any, rounds: int, runner: str, dev: Any, seed: int) -> Any:
+        calls.append((str(dev), runner))
+        return {"status": "ok", "s_per_round": 2.0 if runner == "sequential" else 1.0}
+
+    monkeypatch.setattr(gpu_check, "one_backend_run", fake_run)
+    monkeypatch.setattr(gpu_check.backends, "matmul_gflops", lambda dev: 100.0)
+    args = gpu_check.parse(["--device", "cpu", "--rounds", "1", "--small"])
+    out: dict[str, Any] = {}
+    gpu = torch.device("cuda", 0)
+    res = gpu_check.Result(out, lambda: None)
+    gpu_check.part_backends(args, gpu, time.perf_counter() + 600, res)
+    assert sorted(out["matmul_gflops"]) == ["cpu", "cuda"]
+    assert {dev for dev, _ in calls} == {"cuda:0", "cpu"} and len(calls) == 3 * 2 * 3
+    for wl in out["workloads"].values():
+        assert sorted(wl["runs"]) == [f"{d}/{r}" for d in ("cpu", "cuda") for r in
+                                      ("plain", "sequential", "vectorized")]  # fmt: skip
+        assert wl["cuda/sequential_over_vectorized"] == wl["cpu/sequential_over_vectorized"] == 2
+        assert all(run["x_flop_bound"] > 0 for run in wl["runs"].values())
