@@ -7,8 +7,9 @@ float rounding, so a choice that changed with the host's load would change a run
 * **CPU, a model with convolutions** -> ``sequential``. On the CPU, ``vmap`` lowers the
   cohort's convolutions to grouped convolutions in the NCHW layout (it has no channels-last
   layout), while one client at a time runs oneDNN's channels-last convolutions and max pooling
-  (``models.vision.channels_last``); measured on the paper-size CIFAR-10 round (W3 of
-  ``benchmarks/backends.py``), the sequential backend is the faster one (``docs/speed.md``).
+  (``models.vision.channels_last``); measured, the sequential backend is the faster one: W3 of
+  ``benchmarks/backends.py`` (3.7 against 5.5 CPU s/round) and the FedDST CIFAR-10 profile
+  (FedDST 13.2 against 15.4, FedAvgM 12.0 against 14.0; ``docs/speed.md``).
 * **CPU, a model with recurrent layers** (LSTM) -> ``sequential``: one client at a time runs
   the fused oneDNN LSTM kernel; batched, the LSTM runs its gate form one time step after
   another (vmap has no rule for the fused kernel), measured 2x the CPU time per client step on
