@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# The decode cache of image_folder datasets: one throwaway folder for the whole test session
+# (inherited by the stages' subprocesses), so tests never write to the user's ~/.cache and the
+# real CIFAR-10 copy is decoded at most once per session. A caller's own setting wins.
+if "FEDCOMM_CACHE_DIR" not in os.environ:
+    os.environ["FEDCOMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedcomm-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["FEDCOMM_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
