@@ -93,7 +93,8 @@ def test_fedsparse_cifar10_is_table_1() -> None:
     assert (p.train.rounds, p.train.clients_per_round) == (1000, 10)
     local = p.train.local
     assert (local.epochs, local.batch_size, local.lr) == (1, 64, 0.05)
-    assert p.train.backend == "vectorized"
+    assert p.train.backend == "auto"  # sequential on a CPU (conv nets), vectorized on a GPU
+    assert p.train.local_eval_every == p.train.eval_every
     assert {"fedavg", "feddrop", "fedl1"} <= set(p.experiment.runs)
     lambdas = {
         r: p.algorithm(r).lambda0 for r in ("fedsparse_low", "fedsparse_mid", "fedsparse_high")
@@ -131,7 +132,8 @@ def test_feddst_cifar10_is_table_2() -> None:
     assert p.algorithm("fedprox").mu == 1.0
     assert {"fedavgm", "fedprox", "randommask", "prunefl", "feddst"} <= set(p.experiment.runs)
     assert p.evaluate.upload_caps_gib == [4.0, 8.0, 12.0, 16.0]
-    assert p.train.backend == "vectorized"
+    assert p.train.backend == "auto"  # sequential on a CPU (conv nets), vectorized on a GPU
+    assert p.train.local_eval_every == p.train.eval_every
     assert _num_params("feddst_cifar10") == 782_006
 
 
