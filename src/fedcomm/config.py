@@ -119,8 +119,7 @@ class ImageFolder(Strict):
         parts = v.replace("\\", "/").split("/")
         if v.startswith(("/", "\\", "~")) or ".." in parts or (len(v) > 1 and v[1] == ":"):
             raise ValueError(
-                "must be a folder relative to the data root; set data.root to the folder "
-                "above it"
+                "must be a folder relative to the data root; set data.root to the folder above it"
             )
         return v
 

@@ -67,7 +67,10 @@ def test_tiny_params_validate() -> None:
             "experiment.runs[1]='nope' is not a key of algorithms",
         ),
         ({"train.local.steps": 5}, "set exactly one of epochs and steps"),
-        ({"train.backend": "gpu"}, "train.backend: Input should be 'sequential' or 'vectorized'"),
+        (
+            {"train.backend": "gpu"},
+            "train.backend: Input should be 'sequential', 'vectorized' or 'auto'",
+        ),
         ({"train.chunk_size": 0}, "train.chunk_size: Input should be an integer >= 1 or 'auto'"),
         (
             {"train.chunk_size": "max"},
