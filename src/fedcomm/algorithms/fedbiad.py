@@ -263,11 +263,9 @@ def make(cfg: Config) -> FedAlgorithm:
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
     ) -> ServerState:  # Algorithm 1, line 7
         holders = cfg.next_columns == "holders"
-        got = [reconstruct(u, state.params, state.specs, ctx.model, holders) for u in uplinks]
         weights = client_weights(uplinks, cfg.weighting)
-        delta, held = aggregate(  # Eq. 10
-            state.params, [v for v, _ in got], [m for _, m in got], weights, cfg.aggregation
-        )
+        got = (reconstruct(u, state.params, state.specs, ctx.model, holders) for u in uplinks)
+        delta, held = aggregate(state.params, got, weights, cfg.aggregation)  # Eq. 10, streamed
         step, opt_state = opt.update(delta, state.opt_state)
         step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}  # nobody kept: U_{r−1}
         return ServerState(apply_step(state.params, step), opt_state, state.specs)
