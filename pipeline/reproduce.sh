@@ -48,7 +48,7 @@ if command -v flock >/dev/null; then
 fi
 rm -rf "build/.$name.new" "build/.$name.old"  # left by a crash during a copy or FRESH=1
 
-git_() { git -C "$build" -c user.email=repro@fedcomm -c user.name=fedcomm "$@"; }
+git_() { git -C "$build" -c user.email=repro@fedcomm -c user.name=fedcomm "$@" 9>&-; }
 
 SHA256=(sha256sum)
 command -v sha256sum >/dev/null || SHA256=(shasum -a 256)
@@ -158,5 +158,7 @@ fi
 rm -rf "build/.$name.old"
 
 cd "$build"
-PYTHONPATH=$root/$build/src FEDCOMM_PROJECT_ROOT=$root dvc repro
+# 9>&-: the lock stays with this script; nothing dvc starts (its detached updater or analytics
+# daemon outlives a kill of make's process group) may hold it and refuse the rerun.
+PYTHONPATH=$root/$build/src FEDCOMM_PROJECT_ROOT=$root dvc repro 9>&-
 echo "report: $build/reports/summary.md (MLflow: $root/mlflow.db)"
