@@ -96,6 +96,22 @@ def digits_federation(num_clients: int = 6) -> Any:
     return FederatedTensors.build(ds, part.train, part.test)
 
 
+def tiny_cnn(fed: Any) -> Any:
+    """A small seeded ``mnist_cnn`` (channels 4, 8; hidden 16) for ``fed``'s shapes."""
+    import torch
+
+    from fedcomm.models import build_model
+
+    torch.manual_seed(0)
+    return build_model(
+        "mnist_cnn",
+        input_shape=fed.input_shape,
+        num_classes=fed.num_classes,
+        channels=[4, 8],
+        hidden=16,
+    )
+
+
 def small_loop(fed: Any, **cfg: Any) -> tuple[Any, Any]:
     """A seeded 16-unit MLP for ``fed`` and a 2-round, 3-client loop config (``cfg`` overrides;
     ``lr`` goes to the local SGD)."""

@@ -7,7 +7,7 @@ import math
 import polars as pl
 import pytest
 import torch
-from tests.conftest import digits_federation, tiny_params
+from tests.conftest import digits_federation, tiny_cnn, tiny_params
 
 from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.algorithms._local import LocalConfig
@@ -25,17 +25,6 @@ def fed() -> FederatedTensors:
     return digits_federation(6)
 
 
-def _cnn(fed: FederatedTensors) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_model(
-        "mnist_cnn",
-        input_shape=fed.input_shape,
-        num_classes=fed.num_classes,
-        channels=[4, 8],
-        hidden=16,
-    )
-
-
 def _run(
     fed: FederatedTensors, rounds: int, compressor: str = "none", **kw: object
 ) -> loop.RunResult:
@@ -48,7 +37,7 @@ def _run(
         seed=3,
         checkpoint_every=100,
     )
-    return loop.run(lcfg, alg, _cnn(fed), fed, build_compressor(compressor), config_hash="pf")
+    return loop.run(lcfg, alg, tiny_cnn(fed), fed, build_compressor(compressor), config_hash="pf")
 
 
 def test_schedule_gives_early_stages_t_over_2s_and_extra_warmup_rounds() -> None:
@@ -86,7 +75,7 @@ def test_ledger_counts_the_active_submodel_both_ways_and_warmup_uploads_new_bloc
     fed: FederatedTensors,
 ) -> None:
     res = _run(fed, rounds=6, stages=3, warmup_rounds=1)  # T_s = 1: 1, W, 1, W, 4 rounds
-    net = ProgressiveNet(_cnn(fed), 3, fed.num_classes, torch.Generator().manual_seed(0))
+    net = ProgressiveNet(tiny_cnn(fed), 3, fed.num_classes, torch.Generator().manual_seed(0))
     numel = {n: p.numel() for n, p in net.named_parameters()}
     phases = schedule(6, 3, 1)
     ledger = res.ledger.frame()
@@ -109,17 +98,17 @@ def test_growth_copies_trained_blocks_and_warmup_freezes_them(fed: FederatedTens
     rounds = 6
     cfg = Config(stages=3, warmup_rounds=1).with_rounds(rounds)
     alg = build_algorithm(cfg)
-    net = alg.prepare_model(_cnn(fed), 3) if alg.prepare_model else None
+    net = alg.prepare_model(tiny_cnn(fed), 3) if alg.prepare_model else None
     assert isinstance(net, ProgressiveNet)
     init = {k: v.detach().clone() for k, v in net.named_parameters()}
     lcfg = loop.LoopConfig(
         rounds=1, clients_per_round=3, local=LocalConfig(lr=0.05), seed=3, checkpoint_every=100
     )
-    after1 = loop.run(lcfg, alg, _cnn(fed), fed, build_compressor("none"), config_hash="g")
+    after1 = loop.run(lcfg, alg, tiny_cnn(fed), fed, build_compressor("none"), config_hash="g")
     lcfg2 = loop.LoopConfig(
         rounds=2, clients_per_round=3, local=LocalConfig(lr=0.05), seed=3, checkpoint_every=100
     )
-    after2 = loop.run(lcfg2, alg, _cnn(fed), fed, build_compressor("none"), config_hash="g")
+    after2 = loop.run(lcfg2, alg, tiny_cnn(fed), fed, build_compressor("none"), config_hash="g")
     s1, s2 = after1.state.server.params, after2.state.server.params
     e1 = net.block_params(1)
     e2 = [*net.block_params(2), *net.head_params(2)]
@@ -135,7 +124,7 @@ def test_growth_copies_trained_blocks_and_warmup_freezes_them(fed: FederatedTens
     assert not any(k.startswith("heads.0.") for k in g)
     # at the end of training the global model is the base model, temporary heads discarded
     final = _run(fed, rounds=6, stages=3, warmup_rounds=1).final_params
-    assert sorted(final) == sorted(n for n, _ in _cnn(fed).named_parameters())
+    assert sorted(final) == sorted(n for n, _ in tiny_cnn(fed).named_parameters())
 
 
 @pytest.mark.parametrize("grow_from", ["trained", "init"])
@@ -145,7 +134,7 @@ def test_grow_from_init_forgets_the_early_stages(fed: FederatedTensors, grow_fro
     # `grow_from: init`, from the initial parameters, every one of them
     cfg = Config(stages=3, grow_from=grow_from).with_rounds(6)  # type: ignore[arg-type]
     alg = build_algorithm(cfg)
-    net = alg.prepare_model(_cnn(fed), 3) if alg.prepare_model else None
+    net = alg.prepare_model(tiny_cnn(fed), 3) if alg.prepare_model else None
     assert isinstance(net, ProgressiveNet)
     init = {k: v.detach().clone() for k, v in net.named_parameters()}
 
@@ -153,7 +142,7 @@ def test_grow_from_init_forgets_the_early_stages(fed: FederatedTensors, grow_fro
         lcfg = loop.LoopConfig(
             rounds=rounds, clients_per_round=3, local=LocalConfig(lr=0.05), seed=3
         )
-        res = loop.run(lcfg, alg, _cnn(fed), fed, build_compressor("none"), config_hash="gi")
+        res = loop.run(lcfg, alg, tiny_cnn(fed), fed, build_compressor("none"), config_hash="gi")
         return dict(res.state.server.params)
 
     at_growth, trained = server_after(2), server_after(3)
@@ -173,7 +162,7 @@ def test_one_stage_with_fedavg_settings_is_fedavg(fed: FederatedTensors) -> None
         seed=3,
         checkpoint_every=100,
     )
-    b = loop.run(lcfg, fedavg, _cnn(fed), fed, build_compressor("none"), config_hash="pf")
+    b = loop.run(lcfg, fedavg, tiny_cnn(fed), fed, build_compressor("none"), config_hash="pf")
     for k in b.final_params:
         assert torch.allclose(a.final_params[k], b.final_params[k], atol=1e-6), k
     accs_a = [r["global/accuracy"] for r in a.state.round_rows]
@@ -188,7 +177,7 @@ def test_proximal_gradient_is_two_mu_times_the_drift(fed: FederatedTensors) -> N
     from fedcomm.algorithms.base import ClientContext
 
     alg = build_algorithm(Config(stages=1, mu=0.5, skip_loss=None).with_rounds(4))
-    net = alg.prepare_model(_cnn(fed), 0) if alg.prepare_model else None
+    net = alg.prepare_model(tiny_cnn(fed), 0) if alg.prepare_model else None
     assert isinstance(net, ProgressiveNet)
     params = {k: v.detach().clone() for k, v in net.named_parameters()}
     local = LocalConfig(epochs=1, batch_size=16, lr=0.05)
@@ -217,7 +206,7 @@ def test_persistent_client_momentum_is_kept_per_phase(fed: FederatedTensors) -> 
             checkpoint_every=100,
         )
         comp = build_compressor("none")
-        return loop.run(lcfg, build_algorithm(cfg), _cnn(fed), fed, comp, config_hash="m")
+        return loop.run(lcfg, build_algorithm(cfg), tiny_cnn(fed), fed, comp, config_hash="m")
 
     reset, kept = run("reset"), run("persistent")
     assert all(rec.state is None for rec in reset.state.clients.values())
@@ -293,19 +282,25 @@ def test_resume_in_the_middle_of_a_warmup_equals_an_uninterrupted_run(
     ckpt = Path(str(tmp_path)) / "state.pt"
     comp = build_compressor("lq", bits=4)
     loop.run(
-        lcfg(3), build_algorithm(cfg), _cnn(fed), fed, comp, config_hash="r", checkpoint_path=ckpt
+        lcfg(3),
+        build_algorithm(cfg),
+        tiny_cnn(fed),
+        fed,
+        comp,
+        config_hash="r",
+        checkpoint_path=ckpt,
     )  # checkpoints after rounds 1 and 2 (mid warm-up)
     resumed = loop.run(
         lcfg(total),
         build_algorithm(cfg),
-        _cnn(fed),
+        tiny_cnn(fed),
         fed,
         comp,
         config_hash="r",
         checkpoint_path=ckpt,
     )
     assert resumed.resumed_from == 2
-    whole = loop.run(lcfg(total), build_algorithm(cfg), _cnn(fed), fed, comp, config_hash="r")
+    whole = loop.run(lcfg(total), build_algorithm(cfg), tiny_cnn(fed), fed, comp, config_hash="r")
     for k in whole.final_params:
         assert torch.equal(resumed.final_params[k], whole.final_params[k]), k
     assert resumed.ledger.rows == whole.ledger.rows

@@ -18,7 +18,7 @@ from fedcomm.models import build_model
 from fedcomm.models.vision import channels_last
 from fedcomm.simulation import auto_backend, loop
 from fedcomm.simulation.data import FederatedTensors
-from tests.conftest import digits_federation, small_loop
+from tests.conftest import digits_federation, small_loop, tiny_cnn
 
 CPU = torch.device("cpu")
 
@@ -26,17 +26,6 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def fed() -> FederatedTensors:
     return digits_federation(6)
-
-
-def _cnn(fed: FederatedTensors) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_model(
-        "mnist_cnn",
-        input_shape=fed.input_shape,
-        num_classes=fed.num_classes,
-        channels=[4, 8],
-        hidden=16,
-    )
 
 
 @pytest.mark.parametrize(
@@ -79,7 +68,7 @@ def test_auto_runs_as_its_choice_and_logs_it_once(
     def run(backend: str) -> loop.RunResult:
         model, cfg = small_loop(fed, backend=backend)
         if model_kind == "cnn":
-            model = _cnn(fed)
+            model = tiny_cnn(fed)
         algorithm = build_algorithm(CONFIGS["fedavg"]().with_rounds(cfg.rounds))
         return loop.run(cfg, algorithm, model, fed, build_compressor("none"), config_hash="auto")
 
