@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 import torch
 from pydantic import ValidationError
-from tests.conftest import digits_federation, tiny_params
-from tests.unit.algorithms.test_progfed import _cnn, _run
+from tests.conftest import digits_federation, tiny_cnn, tiny_params
+from tests.unit.algorithms.test_progfed import _run
 
 from fedcomm.algorithms.progfed import Config, Phase, charged_values, schedule, warmup_index
 from fedcomm.config import Params
@@ -176,7 +176,7 @@ def fed() -> FederatedTensors:
 
 
 def _sizes(fed: FederatedTensors, stages: int) -> tuple[list[int], list[int]]:
-    net = ProgressiveNet(_cnn(fed), stages, fed.num_classes, torch.Generator().manual_seed(0))
+    net = ProgressiveNet(tiny_cnn(fed), stages, fed.num_classes, torch.Generator().manual_seed(0))
     numel = {n: p.numel() for n, p in net.named_parameters()}
     sub = [net.submodel_numel(s) for s in range(1, stages + 1)]
     new = [
