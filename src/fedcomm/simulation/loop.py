@@ -103,7 +103,9 @@ def diverged(loss: float | None, update: Mapping[str, Tensor], limit: float) -> 
         return None
     # fast path: a finite sum means every value is finite (NaN and ±inf propagate); a non-finite
     # sum may also be an overflow of huge finite values, so only then is each value checked
-    sums = torch.stack([t.sum() for _, t in floats])
+    # (one device for the stack: an update may keep a scalar, AFD's uploaded loss, on the CPU)
+    device = floats[0][1].device
+    sums = torch.stack([t.sum().to(device) for _, t in floats])
     if bool(torch.isfinite(sums).all()):  # one read back per client
         return None
     bad = next((n for n, t in floats if not bool(torch.isfinite(t).all())), None)
