@@ -191,6 +191,51 @@ def report(
 
 
 @app.command()
+def verdicts(
+    claims: Annotated[
+        Path, typer.Argument(help="claims registry (docs/reproductions/claims.yaml)")
+    ],
+    write: Annotated[
+        Path | None, typer.Option(help="fill this page's verdicts/checks marker blocks")
+    ] = None,
+    check: Annotated[
+        Path | None, typer.Option(help="exit 1 with a diff if this page's blocks are stale")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the numbers here")] = None,
+) -> None:
+    """Decide every claim of a registry by the rule (paired t over seeds) and print the
+    behaviours and checks tables; --write/--check keep a page's marked blocks in step."""
+    from fedcomm import atomic
+    from fedcomm.reporting.claims import decide, load_registry, verdicts_json
+    from fedcomm.reporting.verdict_tables import blocks, diff, fill
+
+    with user_errors():
+        registry = load_registry(claims)
+        decided = decide(registry)
+        stale = ""
+        for page in (p for p in (write, check) if p is not None):
+            if not page.is_file():
+                raise InputError(f"{page}: no such file")
+            old = page.read_text(encoding="utf-8")
+            new = fill(old, blocks(registry, decided, page.parent), page)
+            if page == write and new != old:
+                atomic.write_text(page, new)
+                typer.echo(f"wrote {page}")
+            elif page == check and page != write:
+                stale = diff(old, new, page)
+        if json_out is not None:
+            atomic.write_json(json_out, verdicts_json(registry, decided))
+            typer.echo(f"wrote {json_out}")
+    if write is None and check is None:
+        shown = blocks(registry, decided, claims.parent)
+        typer.echo(f"{shown['verdicts']}\n\n{shown['checks']}")
+    if stale:
+        typer.echo(stale, nl=False)
+        typer.echo(f"error: {check}: the verdict tables are not what {claims} gives", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
 def ui(
     uri: Annotated[str | None, typer.Option(help="tracking URI (default: the project's)")] = None,
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",

@@ -1,0 +1,175 @@
+"""The claims registry as markdown: the behaviours table with its headline, the checks table,
+and the marked blocks of a page they fill (``fedcomm verdicts --write/--check``).
+
+A page carries ``<!-- verdicts:begin -->`` … ``<!-- verdicts:end -->`` (the headline and the
+behaviours table) and ``<!-- checks:begin -->`` … ``<!-- checks:end -->`` (the checks table);
+everything outside the markers is left as it is.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from pathlib import Path
+
+from fedcomm.errors import InputError
+from fedcomm.reporting.claims import Decided, Registry
+from fedcomm.reporting.verdict import (
+    IN_DIRECTION,
+    NOT_REPRODUCED,
+    PENDING,
+    REPRODUCED,
+    TOO_FEW,
+    Paired,
+)
+
+MARKERS = {
+    "verdicts": ("<!-- verdicts:begin -->", "<!-- verdicts:end -->"),
+    "checks": ("<!-- checks:begin -->", "<!-- checks:end -->"),
+}
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell (no pipes, no line breaks)."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _decimals(se: float | None, mean: float) -> int:
+    """Enough decimals to show the standard error to 2 significant digits (2 to 6)."""
+    ref = se if se else abs(mean)
+    if not ref or not math.isfinite(ref):
+        return 2
+    return max(2, min(6, 1 - math.floor(math.log10(ref))))
+
+
+def difference_text(p: Paired) -> str:
+    """``n = 3: d = +0.21 ± 0.05, t = 4.20 (2 df)``, in shown units, with the margin when it is not
+    0 (``t = +∞`` when SE is 0)."""
+    if p.mean is None:
+        return f"n = {p.n}"
+    places = _decimals(p.se, p.mean)
+    text = f"n = {p.n}: d = {p.mean:+.{places}f}"
+    if p.se is None:
+        return text
+    text += f" ± {p.se:.{places}f}"
+    if p.margin:
+        text += f" (margin {p.margin:+g})"
+    if p.t is None:
+        return text + ", t undefined (every d on the margin)"
+    t = ("+∞" if p.t > 0 else "−∞") if math.isinf(p.t) else f"{p.t:.2f}"
+    return f"{text}, t = {t} ({p.df} df)"
+
+
+def verdict_text(dec: Decided) -> str:
+    """The verdict, what decided it and which "final" was used."""
+    p = dec.paired
+    if p is None:
+        what = " ".join(s.pending for s in (dec.behaviour.a, dec.behaviour.b) if s.pending)
+        return f"**pending**: {what}" if what else "**pending**"
+    final = f"final = {dec.final}"
+    if p.verdict == TOO_FEW:
+        return f"**too few seeds** (n = {p.n} < 3); {final}"
+    side = ">" if p.direction == "greater" else "<"
+    crit = "" if p.t_crit is None else f"{'' if side == '>' else '−'}{p.t_crit:.3f}"
+    if p.verdict == REPRODUCED:
+        why = f"t {side} {crit}" if p.se else f"SE 0, every d {side} {p.margin:g}"
+    elif p.verdict == IN_DIRECTION:
+        why = f"t short of {crit}"
+    else:
+        why = f"d {'≤' if side == '>' else '≥'} {p.margin:g}"
+    return f"**{p.verdict}** ({why}; {final})"
+
+
+def _page_link(registry: Registry, page: str, base: Path) -> str:
+    return os.path.relpath(registry.root / page, base).replace(os.sep, "/")
+
+
+def behaviours_table(registry: Registry, decided: list[Decided], base: Path) -> str:
+    """The markdown table of the behaviours; links to pages are relative to folder ``base``."""
+    rows = [
+        "| Paper | Claim | Paper's number | fedcomm: a vs b, n, paired difference mean ± SE, "
+        "t (df) | Verdict | Note |",
+        "|---|---|---:|---|---|---|",
+    ]
+    for dec in decided:
+        beh = dec.behaviour
+        link = _page_link(registry, beh.page, base)
+        arms = f"{beh.a.label} vs {beh.b.label}"
+        if dec.paired is None:
+            olds = [f"{s.label}: {s.old}" for s in (beh.a, beh.b) if s.old]
+            numbers = f"{arms}: no per-seed data" + (f" (old: {'; '.join(olds)})" if olds else "")
+        else:
+            numbers = f"{arms}, {difference_text(dec.paired)}"
+        claim = f"{_cell(beh.claim)}<br>*{_cell(beh.setting)}*"
+        note = beh.note + (f" Settled by {beh.settled_by}." if beh.settled_by else "")
+        rows.append(
+            f"| [{beh.paper}]({link}) | {claim} | {_cell(beh.paper_value)} | {_cell(numbers)} "
+            f"| {verdict_text(dec)} | {_cell(note)} |"
+        )
+    return "\n".join(rows)
+
+
+def headline(decided: list[Decided]) -> str:
+    """ "N of M behaviours reproduced by the rule (K in direction, not significant; J not
+    reproduced; P pending)" (and the ones with too few seeds, when there are any)."""
+    count = {v: sum(d.verdict == v for d in decided) for v in (REPRODUCED, IN_DIRECTION)}
+    count |= {v: sum(d.verdict == v for d in decided) for v in (NOT_REPRODUCED, PENDING, TOO_FEW)}
+    text = (
+        f"{count[REPRODUCED]} of {len(decided)} behaviours reproduced by the rule "
+        f"({count[IN_DIRECTION]} in direction, not significant; "
+        f"{count[NOT_REPRODUCED]} not reproduced; {count[PENDING]} pending"
+    )
+    if count[TOO_FEW]:
+        text += f"; {count[TOO_FEW]} with too few seeds"
+    return text + ")"
+
+
+def checks_table(registry: Registry, base: Path) -> str:
+    """The markdown table of the checks (counts and calibrated numbers)."""
+    rows = [
+        "| Paper | Check | Kind | Paper's number | fedcomm | Agrees | Note |",
+        "|---|---|---|---:|---:|---|---|",
+    ]
+    for c in registry.checks:
+        link = _page_link(registry, c.page, base)
+        note = c.note + (f" Settled by {c.settled_by}." if c.settled_by else "")
+        rows.append(
+            f"| [{c.paper}]({link}) | {_cell(c.what)} | {c.kind} | {_cell(c.paper_value)} "
+            f"| {_cell(c.fedcomm_value)} | {'yes' if c.agrees else '**no**'} | {_cell(note)} |"
+        )
+    return "\n".join(rows)
+
+
+def blocks(registry: Registry, decided: list[Decided], base: Path) -> dict[str, str]:
+    """The text of each marked block: ``{"verdicts": headline + table, "checks": table}``."""
+    return {
+        "verdicts": f"{headline(decided)}.\n\n{behaviours_table(registry, decided, base)}",
+        "checks": checks_table(registry, base),
+    }
+
+
+def fill(text: str, contents: dict[str, str], name: Path) -> str:
+    """``text`` with the content between each pair of markers replaced; :class:`InputError`
+    naming the missing markers of file ``name`` if any is absent (or out of order)."""
+    missing = []
+    for block, (begin, end) in MARKERS.items():
+        i, j = text.find(begin), text.find(end)
+        if i < 0 or j < i:
+            missing += [m for m in (begin, end) if m not in text] or [f"{begin} before {end}"]
+            continue
+        text = text[: i + len(begin)] + "\n" + contents[block] + "\n" + text[j:]
+    if missing:
+        raise InputError(f"{name}: missing marker(s) {', '.join(missing)}")
+    return text
+
+
+def diff(old: str, new: str, name: Path) -> str:
+    """A unified diff of a page's current text against what the claims give."""
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile=f"{name} (as committed)",
+        tofile=f"{name} (from the claims)",
+    )
+    return "".join(lines)

@@ -1,0 +1,335 @@
+"""The decision rule (issue 29): Student's t, "final" per seed, the paired verdict, the claims
+registry and ``fedcomm verdicts`` (print, --write, --check, --json)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedcomm.cli import app
+from fedcomm.reporting.claims import ClaimsError, decide, load_registry
+from fedcomm.reporting.verdict import (
+    IN_DIRECTION,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    TOO_FEW,
+    betainc,
+    final_per_seed,
+    paired,
+    t_cdf,
+    t_critical,
+)
+from fedcomm.reporting.verdict_tables import headline
+
+# --- Student's t -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"),
+    [(1, 6.313752), (2, 2.919986), (4, 2.131847), (30, 1.697261), (10**8, 1.644854)],
+)
+def test_t_critical_matches_the_table(df: int, expected: float) -> None:
+    assert t_critical(df, 0.05) == pytest.approx(expected, abs=1e-6)
+
+
+def test_t_cdf_known_values_and_symmetry() -> None:
+    assert t_cdf(0.0, 3) == pytest.approx(0.5)
+    assert t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + atan(1)/pi
+    assert t_cdf(2.0, 5) == pytest.approx(0.9490302605850709, abs=1e-12)
+    assert t_cdf(-1.3, 7) == pytest.approx(1.0 - t_cdf(1.3, 7), abs=1e-14)
+    assert t_critical(9, 0.01) == pytest.approx(2.821438, abs=1e-6)
+    assert betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 - sum binomial
+
+
+# --- "final" per seed --------------------------------------------------------------------------
+
+CURVE = pl.DataFrame(
+    {
+        "run": ["x"] * 7 + ["y"],
+        "seed": [0, 0, 0, 0, 1, 1, 1, 0],
+        "round": [10, 20, 30, 40, 10, 20, 30, 40],
+        "global_accuracy": [0.1, 0.3, None, 0.5, 0.2, None, None, 0.9],
+    }
+)
+
+
+def test_final_is_the_mean_of_the_last_k_evaluations_skipping_nulls() -> None:
+    f = final_per_seed(CURVE, "x", "global_accuracy", last_k=2)
+    assert f.values == pytest.approx({0: 0.4, 1: 0.2})  # seed 0: rounds 20 and 40
+    assert (f.k, f.fewest) == (2, 1)  # seed 1 has a single evaluation
+    assert final_per_seed(CURVE, "x", "global_accuracy", last_k=1).values == pytest.approx(
+        {0: 0.5, 1: 0.2}
+    )
+
+
+def test_final_at_or_before_a_round_and_for_chosen_seeds() -> None:
+    f = final_per_seed(CURVE, "x", "global_accuracy", last_k=2, at_round=20, seeds=[0])
+    assert f.values == pytest.approx({0: 0.2})  # rounds 10 and 20
+
+
+# --- the paired verdict ------------------------------------------------------------------------
+
+A = {0: 0.91, 1: 0.92, 2: 0.95, 7: 0.5}  # seed 7 has no partner: left out
+B = {0: 0.90, 1: 0.90, 2: 0.92}
+
+
+def test_a_paired_case_computed_by_hand() -> None:
+    # d = 1, 2, 3 points: mean 2, sd 1, SE 1/sqrt(3), t = 2 sqrt(3) = 3.464 > 2.920 at 2 df
+    p = paired(A, B, scale=100.0)
+    assert p.seeds == (0, 1, 2) and p.n == 3 and p.df == 2
+    assert p.d == pytest.approx((1.0, 2.0, 3.0))
+    assert p.mean == pytest.approx(2.0)
+    assert p.se == pytest.approx(1 / math.sqrt(3))
+    assert p.t == pytest.approx(2 * math.sqrt(3))
+    assert p.t_crit == pytest.approx(2.919986, abs=1e-6)
+    assert p.verdict == REPRODUCED
+
+
+def test_margin_and_direction_decide_each_branch() -> None:
+    # margin 0.5: t = 1.5 sqrt(3) = 2.598 < 2.920 -> in direction
+    assert paired(A, B, scale=100.0, margin=0.5).verdict == IN_DIRECTION
+    assert paired(A, B, scale=100.0, margin=0.5).t == pytest.approx(1.5 * math.sqrt(3))
+    assert paired(A, B, scale=100.0, margin=2.0).verdict == NOT_REPRODUCED  # mean on the margin
+    assert paired(A, B, scale=100.0, direction="less").verdict == NOT_REPRODUCED
+    # "within 3 points below": d < 3 -> t = -1 * sqrt(3) ... in direction only
+    assert paired(A, B, scale=100.0, direction="less", margin=3.0).verdict == IN_DIRECTION
+    assert paired(A, B, scale=100.0, direction="less", margin=5.0).verdict == REPRODUCED
+    # "within 1 point of" = greater with margin -1: t = 3 sqrt(3) = 5.196
+    assert paired(B, A, scale=100.0, margin=-4.0).verdict == REPRODUCED
+    assert paired(B, A, scale=100.0, margin=-1.0).verdict == NOT_REPRODUCED
+
+
+def test_too_few_seeds() -> None:
+    p = paired({0: 1.0, 1: 3.0}, {0: 0.0, 1: 0.0})
+    assert p.verdict == TOO_FEW and p.n == 2 and p.t == pytest.approx(2.0)
+    assert paired({0: 1.0}, {1: 0.0}).verdict == TOO_FEW  # no common seed
+
+
+def test_zero_standard_error_is_decided_by_the_sign() -> None:
+    same = {0: 2.0, 1: 2.0, 2: 2.0}
+    zero = {0: 0.0, 1: 0.0, 2: 0.0}
+    p = paired(same, zero)
+    assert p.verdict == REPRODUCED and p.se == 0 and p.t == math.inf
+    assert paired(same, zero, margin=2.0).verdict == NOT_REPRODUCED  # every d on the margin
+    assert paired(same, zero, margin=2.0).t is None
+    q = paired(zero, same)
+    assert q.verdict == NOT_REPRODUCED and q.t == -math.inf
+    assert paired(zero, same, direction="less").verdict == REPRODUCED
+
+
+# --- the claims registry -----------------------------------------------------------------------
+
+
+def _behaviour(ident: str, a: dict[str, Any], b: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "id": ident,
+        "paper": "FedBIAD",
+        "page": "fedbiad.md",
+        "claim": f"claim {ident}",
+        "paper_value": "+0.14",
+        "metric": "global_accuracy",
+        "scale": 100,
+        "direction": "greater",
+        "margin": 0.0,
+        "a": a,
+        "b": b,
+        "setting": "MNIST",
+        **extra,
+    }
+
+
+CURVES_CSV = """run,seed,round,global_accuracy
+new,0,10,0.50
+new,0,20,0.91
+new,1,20,0.92
+new,2,20,0.95
+old,0,10,0.99
+old,0,20,0.90
+old,1,20,0.90
+old,2,20,0.92
+"""
+ABLATIONS = {
+    "note": "test",
+    "runs": {
+        "m: sp": [{"seed": s, "global/accuracy": v} for s, v in enumerate([0.90, 0.89, 0.88])],
+        "m: base": [{"seed": s, "global/accuracy": v} for s, v in enumerate([0.93, 0.93, 0.93])],
+    },
+}
+
+
+def _registry(tmp_path: Path, behaviours: list[dict[str, Any]], **top: Any) -> Path:
+    (tmp_path / "fedbiad.md").write_text("# FedBIAD\n")
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "c.csv").write_text(CURVES_CSV)
+    (tmp_path / "issue15_ablations.json").write_text(json.dumps(ABLATIONS))
+    doc = {
+        "rule": {"alpha": 0.05, "last_k": 1},
+        "behaviours": behaviours,
+        "checks": [
+            {
+                "id": "lm-upload",
+                "paper": "FedBIAD",
+                "page": "fedbiad.md",
+                "what": "LM upload",
+                "kind": "count",
+                "paper_value": "1.82x",
+                "fedcomm_value": "1.8231x",
+                "agrees": True,
+            }
+        ],
+        **top,
+    }
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    return path
+
+
+BEHAVIOURS = [
+    _behaviour(
+        "curves-case",
+        {"label": "New", "curves": "data/c.csv", "run": "new"},
+        {"label": "Old", "curves": "data/c.csv", "run": "old"},
+    ),
+    _behaviour(  # ablations: per seed sp - base = -3, -4, -5 points
+        "minus-case",
+        {"label": "drop", "ablations": "m: sp", "minus": {"ablations": "m: base"}},
+        {"label": "none", "per_seed": {0: 0.0, 1: 0.0, 2: 0.0}, "from": "no drop"},
+        metric="global/accuracy",
+        direction="less",
+    ),
+    _behaviour(
+        "pending-case",
+        {"label": "New", "pending": "run the CIFAR-10 table", "old": "91.2 ± 0.3"},
+        {"label": "Old", "curves": "data/c.csv", "run": "old"},
+    ),
+]
+
+
+def test_registry_decides_curves_minus_and_pending(tmp_path: Path) -> None:
+    reg = load_registry(_registry(tmp_path, BEHAVIOURS))
+    curves, minus, pending = decide(reg)
+    assert curves.paired is not None and curves.paired.d == pytest.approx((1.0, 2.0, 3.0))
+    assert curves.verdict == REPRODUCED and curves.final == "last evaluation"
+    assert minus.paired is not None and minus.paired.d == pytest.approx((-3.0, -4.0, -5.0))
+    assert minus.verdict == REPRODUCED and minus.final.startswith("last evaluation")
+    assert pending.verdict == "pending" and pending.paired is None
+    assert headline([curves, minus, pending]) == (
+        "2 of 3 behaviours reproduced by the rule (0 in direction, not significant; "
+        "0 not reproduced; 1 pending)"
+    )
+
+
+def test_last_k_of_the_rule_is_used(tmp_path: Path) -> None:
+    reg = load_registry(_registry(tmp_path, BEHAVIOURS[:1], rule={"last_k": 2}))
+    (dec,) = decide(reg)
+    assert dec.paired is not None
+    # seed 0: new (0.50 + 0.91)/2, old (0.99 + 0.90)/2 -> d = -24 points; others unchanged
+    assert dec.paired.d == pytest.approx((-24.0, 2.0, 3.0))
+    assert dec.final == "mean of last 2 evaluations (fewest available: 1)"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            {"b": {"label": "Old", "curvs": "data/c.csv", "run": "old"}},
+            "behaviours[0] (id curves-case): b.curvs: unknown key",
+        ),
+        (
+            {"a": {"curves": "data/c.csv", "run": "new"}},
+            "(id curves-case): a: an arm needs a `label`",
+        ),
+        (
+            {"a": {"label": "x", "pending": "p", "per_seed": {0: 1.0}}},
+            "(id curves-case): a: needs exactly one of curves, ablations, per_seed, pending",
+        ),
+        ({"direction": "up"}, "(id curves-case): direction: Input should be 'greater' or 'less'"),
+        ({"a": {"label": "x", "per_seed": {0: 1.0}}}, "a: `per_seed` needs `from`"),
+        ({"page": "nope.md"}, "id curves-case: page: 'nope.md' is not a file beside it"),
+    ],
+)
+def test_a_bad_claims_file_is_one_line_naming_id_and_key(
+    tmp_path: Path, change: dict[str, Any], expected: str
+) -> None:
+    entry = {**BEHAVIOURS[0], **change}
+    with pytest.raises(ClaimsError) as err:
+        load_registry(_registry(tmp_path, [entry]))
+    assert expected in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith(str(tmp_path / "claims.yaml"))
+
+
+def test_bad_references_name_the_id_and_key(tmp_path: Path) -> None:
+    bad_run = {**BEHAVIOURS[0], "b": {"label": "Old", "curves": "data/c.csv", "run": "gone"}}
+    with pytest.raises(ClaimsError, match=r"id curves-case: b\.run: 'gone' is not a run"):
+        decide(load_registry(_registry(tmp_path, [bad_run])))
+    bad_key = {**BEHAVIOURS[1], "a": {"label": "x", "ablations": "m: nope"}}
+    with pytest.raises(ClaimsError, match=r"id minus-case: a\.ablations: no key 'm: nope'"):
+        decide(load_registry(_registry(tmp_path, [bad_key])))
+    twice = [BEHAVIOURS[0], {**BEHAVIOURS[2], "id": "lm-upload"}]
+    with pytest.raises(ClaimsError, match="id lm-upload: used twice"):
+        load_registry(_registry(tmp_path, twice))
+
+
+# --- the command -------------------------------------------------------------------------------
+
+PAGE = """# Reproductions
+
+<!-- verdicts:begin -->
+stale
+<!-- verdicts:end -->
+
+text between
+
+<!-- checks:begin -->
+<!-- checks:end -->
+"""
+
+
+def test_verdicts_write_then_check_round_trip(tmp_path: Path) -> None:
+    claims = _registry(tmp_path, BEHAVIOURS)
+    page = tmp_path / "README.md"
+    page.write_text(PAGE)
+    runner = CliRunner()
+    stale = runner.invoke(app, ["verdicts", str(claims), "--check", str(page)])
+    assert stale.exit_code == 1 and "-stale" in stale.output
+    out = tmp_path / "v.json"
+    wrote = runner.invoke(app, ["verdicts", str(claims), "--write", str(page), "--json", str(out)])
+    assert wrote.exit_code == 0, wrote.output
+    text = page.read_text()
+    assert "stale" not in text and "text between" in text
+    assert "2 of 3 behaviours reproduced by the rule" in text
+    assert "n = 3: d = +2.00 ± 0.58, t = 3.46 (2 df)" in text
+    assert "**reproduced** (t > 2.920; final = last evaluation)" in text
+    assert "**pending**: run the CIFAR-10 table" in text and "New: 91.2 ± 0.3" in text
+    assert "| [FedBIAD](fedbiad.md) | LM upload | count | 1.82x | 1.8231x | yes |" in text
+    assert runner.invoke(app, ["verdicts", str(claims), "--check", str(page)]).exit_code == 0
+    doc = json.loads(out.read_text())
+    assert doc["behaviours"][0]["paired"]["t"] == pytest.approx(2 * math.sqrt(3))
+    assert doc["behaviours"][2]["verdict"] == "pending"
+    # the page edited by hand is caught
+    page.write_text(text.replace("t = 3.46", "t = 9.99"))
+    assert runner.invoke(app, ["verdicts", str(claims), "--check", str(page)]).exit_code == 1
+
+
+def test_verdicts_missing_markers_exit_2_naming_them(tmp_path: Path) -> None:
+    claims = _registry(tmp_path, BEHAVIOURS)
+    page = tmp_path / "README.md"
+    page.write_text(PAGE.replace("<!-- checks:end -->\n", ""))
+    result = CliRunner().invoke(app, ["verdicts", str(claims), "--write", str(page)])
+    assert result.exit_code == 2
+    assert "missing marker(s) <!-- checks:end -->" in result.output
+    assert page.read_text() == PAGE.replace("<!-- checks:end -->\n", "")  # untouched
+
+
+def test_verdicts_prints_both_tables(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["verdicts", str(_registry(tmp_path, BEHAVIOURS))])
+    assert result.exit_code == 0, result.output
+    assert "| Paper | Claim | Paper's number |" in result.output
+    assert "| Paper | Check | Kind |" in result.output
