@@ -1,0 +1,122 @@
+"""docs/reproductions/: the README's verdict tables are what claims.yaml gives, every claim has a
+computed verdict, counts stay out of the headline, and no page states a verdict of its own.
+
+These read the committed files (no runs): a hand edit of a verdict in the README or a page, a
+behaviour left out of a table, or a stale table after claims.yaml changed fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedcomm.cli import app
+from fedcomm.reporting.claims import Decided, Registry, decide, load_registry
+from fedcomm.reporting.verdict import IN_DIRECTION, NOT_REPRODUCED, PENDING, REPRODUCED, TOO_FEW
+from fedcomm.reporting.verdict_tables import MARKERS
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "reproductions"
+CLAIMS = DOCS / "claims.yaml"
+README = DOCS / "README.md"
+VERDICTS = (REPRODUCED, IN_DIRECTION, NOT_REPRODUCED, PENDING, TOO_FEW)
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return load_registry(CLAIMS)
+
+
+@pytest.fixture(scope="module")
+def decided(registry: Registry) -> list[Decided]:
+    return decide(registry)
+
+
+def _block(text: str, name: str) -> str:
+    begin, end = MARKERS[name]
+    assert text.count(begin) == 1 and text.count(end) == 1, f"README needs one {begin} … {end}"
+    return text[text.index(begin) + len(begin) : text.index(end)]
+
+
+def _rows(block: str) -> list[str]:
+    """The body rows of the one markdown table in ``block`` (header and rule dropped)."""
+    rows = [line for line in block.splitlines() if line.startswith("| ")]
+    return rows[1:]
+
+
+def _bold_verdicts(line: str) -> list[str]:
+    return [v for v in VERDICTS if f"**{v}**" in line]
+
+
+def test_readme_tables_are_what_the_claims_give() -> None:
+    result = CliRunner().invoke(app, ["verdicts", str(CLAIMS), "--check", str(README)])
+    assert result.exit_code == 0, (
+        "docs/reproductions/README.md is stale: run `fedcomm verdicts "
+        f"docs/reproductions/claims.yaml --write docs/reproductions/README.md`\n{result.output}"
+    )
+
+
+def test_every_behaviour_has_one_computed_verdict(
+    registry: Registry, decided: list[Decided]
+) -> None:
+    rows = _rows(_block(README.read_text(encoding="utf-8"), "verdicts"))
+    assert len(rows) == len(registry.behaviours) > 0
+    for row, dec in zip(rows, decided, strict=True):
+        assert " ".join(dec.behaviour.claim.split()) in row, (dec.behaviour.id, row)
+        assert _bold_verdicts(row) == [dec.verdict], (dec.behaviour.id, row)
+
+
+def test_every_check_is_in_the_checks_table_and_only_there(registry: Registry) -> None:
+    text = README.read_text(encoding="utf-8")
+    rows = _rows(_block(text, "checks"))
+    assert len(rows) == len(registry.checks) > 0
+    for row, check in zip(rows, registry.checks, strict=True):
+        assert " ".join(check.what.split()) in row.replace("\\|", "|"), (check.id, row)
+        assert f"| {check.kind} |" in row
+    behaviour_rows = "\n".join(_rows(_block(text, "verdicts")))
+    for check in registry.checks:
+        assert " ".join(check.what.split()) not in behaviour_rows, check.id
+
+
+def test_headline_counts_behaviours_only(registry: Registry, decided: list[Decided]) -> None:
+    block = _block(README.read_text(encoding="utf-8"), "verdicts")
+    found = re.search(
+        r"(\d+) of (\d+) behaviours reproduced by the rule \((\d+) in direction, not "
+        r"significant; (\d+) not reproduced; (\d+) pending",
+        block,
+    )
+    assert found, "the headline line is missing"
+    reproduced, total, in_direction, not_reproduced, pending = map(int, found.groups())
+    # the registry has checks, so a headline that counted them would have another total
+    assert registry.checks and total == len(registry.behaviours)
+    count = {v: sum(d.verdict == v for d in decided) for v in VERDICTS}
+    assert (reproduced, in_direction, not_reproduced, pending) == (
+        count[REPRODUCED],
+        count[IN_DIRECTION],
+        count[NOT_REPRODUCED],
+        count[PENDING],
+    )
+    assert reproduced + in_direction + not_reproduced + pending + count[TOO_FEW] == total
+
+
+def test_each_page_states_the_computed_verdict_or_none(
+    registry: Registry, decided: list[Decided]
+) -> None:
+    """Every behaviour appears on its page by id, on a line whose only bold verdict is the
+    computed one; every check appears on its page by id."""
+    names = {b.page for b in registry.behaviours} | {c.page for c in registry.checks}
+    pages = {page: (DOCS / page).read_text(encoding="utf-8") for page in names}
+    for dec in decided:
+        beh = dec.behaviour
+        lines = [line for line in pages[beh.page].splitlines() if f"`{beh.id}`" in line]
+        assert lines, f"{beh.page} does not list behaviour `{beh.id}`"
+        for line in lines:
+            stated = _bold_verdicts(line)
+            assert stated in ([], [dec.verdict]), (
+                f"{beh.page}: `{beh.id}` says {stated}, the rule gives {dec.verdict!r}"
+            )
+        assert any(_bold_verdicts(line) == [dec.verdict] for line in lines), beh.id
+    for check in registry.checks:
+        assert f"`{check.id}`" in pages[check.page], f"{check.page} does not list `{check.id}`"
