@@ -28,6 +28,7 @@ from fedcomm.types import Params
 GATE, NOISE, THETA, COST, ALIVE, ANCHOR = "gate.", "u.", "theta.", "l0.", "alive.", "anchor."
 LOGIT = "logit."  # logit π of a group, computed once a step by the forward pass
 INPUT_GATE = "in_gate."  # z of a group gated at its layer's input (forward pass only)
+SCALE = "penalty_scale"  # () 1/N_s: the penalties' weight under ``data_term: shard_sum``
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ def step_constants(
     if anchored:
         frozen.update({ANCHOR + k: t for k, t in w.items()})
     return frozen
+
+
+def penalty_scale(num_examples: int, like: Tensor) -> dict[str, Tensor]:
+    """The per-client frozen entry of ``data_term: shard_sum``: ``1/N_s``, the weight of the
+    penalties beside the minibatch mean CE once Eq. 17's shard sum ``N_s · mean`` is divided by
+    ``N_s`` (a 0-d tensor, stacked per client by the vectorized backend)."""
+    return {SCALE: torch.tensor(1.0 / max(1, num_examples), dtype=like.dtype, device=like.device)}
 
 
 def step_noise(
@@ -141,15 +149,21 @@ def objective(
     full: Mapping[str, Tensor], loss: Tensor, *, specs: Sequence[GroupSpec], rule: StepRule
 ) -> Tensor:
     """``L_s``: the data loss plus the L0, prior cross-entropy and drift terms (Eq. 17 / 39;
-    Algorithm 2 line 8)."""
+    Algorithm 2 line 8); under ``data_term: shard_sum`` the penalties are weighted by the
+    client's ``1/N_s`` (``full[SCALE]``)."""
+    scale = full.get(SCALE)
+
+    def weigh(term: Tensor) -> Tensor:  # the default's sums stay as they were, term by term
+        return term if scale is None else scale * term
+
     total = loss
     for s in specs:
         pi, th = _pi(full, s, rule.T), full[THETA + s.name].clamp(1e-6, 1 - 1e-6)
-        total = total + l0_cost(full[COST + s.name], pi)  # λ0 |g| π_g
-        total = total - rule.ce_scale * prior_log_likelihood(pi, th)
+        total = total + weigh(l0_cost(full[COST + s.name], pi))  # λ0 |g| π_g
+        total = total - weigh(rule.ce_scale * prior_log_likelihood(pi, th))
         if rule.lam:
             anchor = {n: full[ANCHOR + n] for n, _ in s.members}
-            total = total + 0.5 * rule.lam * drift(full, anchor, s, pi)
+            total = total + weigh(0.5 * rule.lam * drift(full, anchor, s, pi))
     return total
 
 

@@ -21,7 +21,10 @@ Adam moments zeroed; ``_fedsparse_server``). Down: surviving weights, ``v`` of s
 1 bit per group (``_fedsparse_messages``).
 
 Choices (spec [AMB] recommendations are the defaults): mean cross-entropy as the likelihood
-term; ``log α = logit π`` (``gate_mapping: l0_shift`` subtracts 1.599, Eq. 41); the plain mean
+term (``data_term: shard_sum`` is Eq. 17's sum over the shard's N_s examples instead: the
+objective divided by N_s, i.e. the penalties λ0, c_CE and λ divided by the client's N_s, the
+reading of the L0 reference code, which divides its penalty by the dataset size);
+``log α = logit π`` (``gate_mapping: l0_shift`` subtracts 1.599, Eq. 41); the plain mean
 over the sampled clients on the server (``weighting``). ``server_prune: false`` is the paper's
 no-pruning ablation: nothing is pruned, so the dense server model is evaluated and sent.
 ``lambda0_from_round: R`` (an ablation, not in the paper) sets λ0 = 0 before round R, so the
@@ -60,6 +63,7 @@ from fedcomm.algorithms._fedsparse_local import (
     Programs,
     StepRule,
     gated_groups,
+    penalty_scale,
     step_constants,
     step_noise,
 )
@@ -99,6 +103,13 @@ class Config(AlgorithmConfig):
         1, ge=1, description="ablation: λ0 = 0 in the rounds before this one (1: from the start)"
     )
     ce_scale: float = Field(1e-4, ge=0, description="c_CE: weight of the gate prior term")
+    data_term: Literal["mean", "shard_sum"] = Field(
+        "mean",
+        description="the likelihood term of Eq. 17: mean (the minibatch mean cross-entropy beside "
+        "λ0, c_CE and λ as they are; spec Rec) or shard_sum (the sum over the shard's N_s "
+        "examples of Eqs. 17/41, N_s × the minibatch mean; the objective is divided by N_s so "
+        "that SGD's lr keeps its per-example meaning: mean CE + (the penalties)/N_s)",
+    )
     lam: float = Field(0.0, ge=0, alias="lambda", description="drift λ (FedProx-like) on π")
     T: float = Field(1e-3, gt=0, description="gate temperature")
     init_theta: float = Field(0.99, gt=0, lt=1, description="initial gate probability θ")
@@ -280,8 +291,11 @@ def make(cfg: Config) -> FedAlgorithm:
 
         start = {**seen.w, **{GATE + s.name: seen.v[s.name] for s in seen.specs}}  # line 3
         finish = partial(upload, seen, gen, cfg, data.num_examples)  # lines 13-15
+        frozen = seen.frozen
+        if cfg.data_term == "shard_sum":  # Eq. 17 / N_s: the penalties weigh 1/N_s of the mean CE
+            frozen = {**frozen, **penalty_scale(data.num_examples, next(iter(seen.w.values())))}
         return _jobs.new_job(
-            program, start, data, ctx.local, batches, finish, frozen=seen.frozen, draws=draws
+            program, start, data, ctx.local, batches, finish, frozen=frozen, draws=draws
         )
 
     return job_algorithm(
