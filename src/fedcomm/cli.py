@@ -236,6 +236,30 @@ def verdicts(
 
 
 @app.command()
+def curves(
+    build: Annotated[Path, typer.Option(help="a build folder (with runs/<run>-s<seed>/)")],
+    out: Annotated[Path, typer.Option(help="the long curves CSV to write")],
+) -> None:
+    """The long curves table (run, seed, round, every numeric metric of the evaluation rounds)
+    of every run and seed of a build whose train stage finished; the others are listed on
+    stderr and skipped."""
+    from fedcomm import atomic
+    from fedcomm.reporting.curves import build_curves
+
+    with user_errors():
+        if not build.is_dir():
+            raise InputError(f"--build {build}: no such folder")
+        table, skipped = build_curves(build)
+        for line in skipped:
+            typer.echo(f"skipped {line}", err=True)
+        if table.height == 0:
+            raise InputError(f"--build {build}: no finished run (nothing written)")
+        atomic.write_text(out, table.write_csv())
+    runs = table.select("run", "seed").unique().height
+    typer.echo(f"wrote {out} ({runs} finished run(s) x seed(s), {table.height} rows)")
+
+
+@app.command()
 def ui(
     uri: Annotated[str | None, typer.Option(help="tracking URI (default: the project's)")] = None,
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
