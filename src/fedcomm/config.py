@@ -31,6 +31,7 @@ from fedcomm.comm.compressors.config import (  # noqa: F401  (part of the params
     StcCompressor,
 )
 from fedcomm.errors import InputError, one_line
+from fedcomm.evaluation.caps import CapAxis
 from fedcomm.simulation.device import DEVICE_PATTERN
 
 
@@ -461,7 +462,14 @@ class EvaluateConfig(Strict):
     budgets_gib: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
     upload_caps_gib: list[Annotated[float, Field(gt=0)]] = Field(
         default_factory=list,
-        description="FedDST upload caps: best global accuracy within each cumulative upload",
+        description="FedDST upload caps: best global accuracy within each cumulative traffic "
+        "cap on upload_cap_axis (GiB)",
+    )
+    upload_cap_axis: CapAxis = Field(
+        "up_down",
+        description="what upload_caps_gib count: up_down = cumulative upload + download of all "
+        "clients (the reading that reproduces FedDST's Table 1 FedAvgM row, "
+        "docs/reproductions/audit/feddst.md); up = cumulative upload only",
     )
     targets: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
     link: LinkConfig = Field(default_factory=LinkConfig)
@@ -472,8 +480,63 @@ class EvaluateConfig(Strict):
     )
 
 
+# the rounds columns the summarize stage's curves (reports/curves.csv) keep, and their names there
+CURVE_COLUMNS = {
+    "round": "round",
+    "comm/cum_gib": "cum_gib",
+    "comm/cum_up_bytes": "cum_up_bytes",
+    "global/accuracy": "global_accuracy",
+    "local/accuracy": "local_accuracy",
+    "topk/accuracy": "topk_accuracy",
+    "global/loss": "global_loss",
+    "model/sparsity": "model_sparsity",
+}
+POINTS_METRICS = ("global_accuracy", "local_accuracy", "topk_accuracy", "model_sparsity")
+
+
+class PairedConfig(Strict):
+    """One ``summarize.paired`` comparison: ``d = a − b`` per seed of a curve's final value (the
+    mean of its last ``summarize.last_k`` evaluations), decided by the one-sided paired t rule
+    (``a − b > margin`` for ``greater``, ``< margin`` for ``less``; 95%, t at n − 1 df)."""
+
+    a: str
+    b: str
+    metric: str = "global_accuracy"
+    direction: Literal["greater", "less"] = "greater"
+    margin: float = Field(0.0, description="in shown units (points for accuracies, sparsity)")
+    scale: float | None = Field(
+        None, gt=0, description="d is shown x scale; null: 100 (points) for accuracies, else 1"
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _known_curve(cls, metric: str) -> str:
+        allowed = [c for c in CURVE_COLUMNS.values() if c != "round"]
+        if metric not in allowed:
+            raise ValueError(f"{metric!r} is not a curve column (allowed: {allowed})")
+        return metric
+
+    @model_validator(mode="after")
+    def _two_runs(self) -> PairedConfig:
+        if self.a == self.b:
+            raise ValueError(f"a and b are the same run ({self.a!r})")
+        return self
+
+    @property
+    def shown_scale(self) -> float:
+        if self.scale is not None:
+            return self.scale
+        return 100.0 if self.metric in POINTS_METRICS else 1.0
+
+
 class SummarizeConfig(Strict):
     title: str = "fedcomm experiment"
+    last_k: int = Field(
+        5, ge=1, description="final accuracy = the mean of each seed's last k evaluations"
+    )
+    paired: list[PairedConfig] = Field(
+        default_factory=list, description="paired comparisons over seeds (the decision rule)"
+    )
 
 
 class TrackingConfig(Strict):
@@ -510,6 +573,13 @@ class Params(Strict):
             raise ValueError(f"experiment.runs has duplicates: {runs}")
         if len(set(self.experiment.seeds)) != len(self.experiment.seeds):
             raise ValueError(f"experiment.seeds has duplicates: {self.experiment.seeds}")
+        for i, pair in enumerate(self.summarize.paired):
+            for arm in ("a", "b"):
+                if getattr(pair, arm) not in runs:
+                    raise ValueError(
+                        f"summarize.paired[{i}].{arm}={getattr(pair, arm)!r} is not a run of "
+                        f"experiment.runs (allowed: {runs})"
+                    )
         k = self.partition.num_partitions
         if k is not None and self.train.clients_per_round > k:
             raise ValueError(

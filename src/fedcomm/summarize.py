@@ -1,9 +1,12 @@
 """The summarize stage: every run and seed into ``reports/``.
 
 Writes ``reports/summary.md`` (a table per algorithm: final/best global and local accuracy, GiB
-up/down, sparsity, mean ± standard error over seeds) with its PNG plots, ``reports/metrics.json``
-(the same numbers for ``dvc metrics show``/``diff``) and ``reports/curves.csv`` (long format:
-run, seed, round, cumulative GiB and upload bytes, accuracies; for ``dvc plots``).
+up/down, sparsity, mean ± standard error over seeds; final accuracy = the mean of each seed's
+last ``summarize.last_k`` evaluations) with its PNG plots and the ``summarize.paired``
+comparisons decided by the rule (paired t over seeds), ``reports/metrics.json`` (the same
+numbers for ``dvc metrics show``/``diff``, the comparisons under ``paired``) and
+``reports/curves.csv`` (long format: run, seed, round, cumulative GiB and upload bytes,
+accuracies, sparsity; for ``dvc plots`` and ``fedcomm verdicts``).
 """
 
 from __future__ import annotations
@@ -14,15 +17,19 @@ from typing import Any
 import polars as pl
 
 from fedcomm import atomic
-from fedcomm.config import Params
+from fedcomm.config import CURVE_COLUMNS, Params
 from fedcomm.evaluation.summaries import aggregate_seeds
 from fedcomm.experiment import Paths
+from fedcomm.reporting.curves import long_curves
 from fedcomm.reporting.sections import (  # noqa: F401  (re-exported: part of this stage's API)
+    PairedRow,
     best_within_table,
     budget_and_target_sections,
+    paired_section,
     upload_section,
 )
-from fedcomm.reporting.summary import write_report
+from fedcomm.reporting.summary import last_k_finals, write_report
+from fedcomm.reporting.verdict import final_per_seed, paired
 from fedcomm.run_files import (
     METRICS_KEYS,
     ROUNDS_COLUMNS,
@@ -31,15 +38,6 @@ from fedcomm.run_files import (
     read_table,
     train_remedy,
 )
-
-CURVE_COLUMNS = {
-    "round": "round",
-    "comm/cum_gib": "cum_gib",
-    "comm/cum_up_bytes": "cum_up_bytes",
-    "global/accuracy": "global_accuracy",
-    "local/accuracy": "local_accuracy",
-    "global/loss": "global_loss",
-}
 
 
 def collect(
@@ -61,16 +59,41 @@ def collect(
 
 
 def curves(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> pl.DataFrame:
-    frames = []
-    for run, tables in rounds.items():
-        for seed, t in zip(params.experiment.seeds, tables, strict=True):
-            cols = [pl.col(c).alias(a) for c, a in CURVE_COLUMNS.items() if c in t.columns]
-            frames.append(
-                t.filter(pl.col("global/accuracy").is_not_null())
-                .select(cols)
-                .with_columns(pl.lit(run).alias("run"), pl.lit(seed).alias("seed"))
-            )
-    return pl.concat(frames, how="diagonal_relaxed")
+    """``reports/curves.csv``: the :data:`CURVE_COLUMNS` of every run and seed at the rounds the
+    global model was evaluated (columns ``run``, ``seed``, ``round``, then the metrics)."""
+    tables = (
+        (run, seed, t)
+        for run, seeds in rounds.items()
+        for seed, t in zip(params.experiment.seeds, seeds, strict=True)
+    )
+    return long_curves(tables, CURVE_COLUMNS, evaluated=["global/accuracy"])
+
+
+def paired_comparisons(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> list[PairedRow]:
+    """Each ``summarize.paired`` comparison decided by the rule over the seeds: final = the mean
+    of a seed's last ``summarize.last_k`` evaluations of the metric (every round that
+    evaluated it, as the results table's final columns)."""
+    runs = sorted({run for pair in params.summarize.paired for run in (pair.a, pair.b)})
+    table = long_curves(
+        (
+            (run, seed, t)
+            for run in runs
+            for seed, t in zip(params.experiment.seeds, rounds[run], strict=True)
+        ),
+        CURVE_COLUMNS,
+    )
+    out = []
+    last_k = params.summarize.last_k
+    for pair in params.summarize.paired:
+        a, b = (
+            final_per_seed(table, run, pair.metric, last_k=last_k).values
+            if pair.metric in table.columns
+            else {}
+            for run in (pair.a, pair.b)
+        )
+        result = paired(a, b, direction=pair.direction, margin=pair.margin, scale=pair.shown_scale)
+        out.append(PairedRow(pair.a, pair.b, pair.metric, pair.shown_scale, result))
+    return out
 
 
 HEADLINE = {
@@ -135,16 +158,25 @@ def _metric_name(params: Params) -> str:
 
 def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
     rounds, summaries = collect(params, paths)
+    last_k = params.summarize.last_k
+    comparisons = paired_comparisons(params, rounds)
+    sections = budget_and_target_sections(summaries, _metric_name(params))
+    if comparisons:
+        sections.insert(0, paired_section(comparisons, last_k))
     written = write_report(
         paths.reports,
         rounds,
         summaries,
         title=params.summarize.title,
-        sections=budget_and_target_sections(summaries, _metric_name(params)),
+        sections=sections,
         metric=params.evaluate.metric,
         notes=divergence_notes(params, rounds),
+        last_k=last_k,
     )
-    atomic.write_json(paths.reports / "metrics.json", headline(summaries))
+    metrics = headline(last_k_finals(rounds, summaries, last_k))
+    if comparisons:
+        metrics["paired"] = [row.as_dict(last_k) for row in comparisons]
+    atomic.write_json(paths.reports / "metrics.json", metrics)
     table = curves(params, rounds)
     atomic.write_text(paths.reports / "curves.csv", table.write_csv())
     atomic.write_parquet(paths.reports / "curves.parquet", table)

@@ -7,9 +7,11 @@ Used by the summarize stage (:mod:`fedcomm.summarize`) and by cross-experiment c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fedcomm.evaluation.summaries import aggregate_seeds
+from fedcomm.reporting.verdict import Paired, shown_decimals, t_text
 
 
 def _fmt(mean: Any, se: Any, pct: bool) -> str:
@@ -121,3 +123,59 @@ def budget_and_target_sections(
             "time-to-accuracy under the link model of `evaluate.link`.\n\n" + "\n".join(rows)
         )
     return sections
+
+
+@dataclass(frozen=True)
+class PairedRow:
+    """One ``summarize.paired`` comparison and its decision (:func:`~.verdict.paired`)."""
+
+    a: str
+    b: str
+    metric: str
+    scale: float
+    result: Paired
+
+    def as_dict(self, last_k: int) -> dict[str, Any]:
+        """The numbers for ``reports/metrics.json``."""
+        return {
+            "a": self.a,
+            "b": self.b,
+            "metric": self.metric,
+            "scale": self.scale,
+            "last_k": last_k,
+            **self.result.as_dict(),
+        }
+
+
+def paired_section(rows: list[PairedRow], last_k: int) -> str:
+    """The "Paired comparisons over seeds (decision rule)" section: per comparison n, the mean
+    ± SE of d = a − b (shown units), t, df, the critical t and the verdict."""
+    lines = [
+        "| a | b | Metric | Claim | n | d = a − b, mean ± SE | t | df | Critical t | Verdict |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        p = row.result
+        units = (
+            " (points)" if row.scale == 100 else (f" (x{row.scale:g})" if row.scale != 1 else "")
+        )
+        claim = f"a − b {'>' if p.direction == 'greater' else '<'} {p.margin:g}{units}"
+        d = "–"
+        if p.mean is not None:
+            places = shown_decimals(p.se, p.mean)
+            d = f"{p.mean:+.{places}f}" + ("" if p.se is None else f" ± {p.se:.{places}f}")
+        t = "–" if p.t is None else t_text(p.t)
+        crit = "–" if p.t_crit is None else f"{p.t_crit:.3f}"
+        df = "–" if p.df is None else str(p.df)
+        lines.append(
+            f"| `{row.a}` | `{row.b}` | {row.metric} | {claim} | {p.n} | {d} | {t} | {df} "
+            f"| {crit} | **{p.verdict}** |"
+        )
+    return (
+        "## Paired comparisons over seeds (decision rule)\n\n"
+        f"Final = the mean of each seed's last {last_k} evaluations; d = a − b per seed (same "
+        "seed: same partition and initialisation). Reproduced: n ≥ 3 and the one-sided t = "
+        "(mean(d) − margin) / SE(d) beyond the critical t at n − 1 degrees of freedom (95%); in "
+        "direction, not significant: the claimed sign, t short of it; not reproduced: the other "
+        "sign.\n\n" + "\n".join(lines)
+    )

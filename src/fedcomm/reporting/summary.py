@@ -68,6 +68,38 @@ def summary_table(per_algorithm: Mapping[str, Sequence[Mapping[str, Any]]]) -> p
     return pl.DataFrame(rows, schema=schema)
 
 
+FINAL_MEANS = ("global/accuracy", "local/accuracy", "topk/accuracy")
+
+
+def last_k_finals(
+    per_algorithm_rounds: Mapping[str, Sequence[pl.DataFrame]],
+    per_algorithm_summaries: Mapping[str, Sequence[Mapping[str, Any]]],
+    last_k: int,
+) -> dict[str, list[dict[str, Any]]]:
+    """The run summaries with each final accuracy (:data:`FINAL_MEANS`) replaced by the mean of
+    the seed's last ``last_k`` evaluations in its rounds table (null rounds skipped), not one
+    noisy point. Totals and sparsity keep the last round's value.
+
+    Args:
+        per_algorithm_rounds: algorithm -> rounds tables of its seeds.
+        per_algorithm_summaries: algorithm -> run summaries of the same seeds, in order.
+        last_k: how many evaluations to average (1 = the last measured round).
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    for algorithm, summaries in per_algorithm_summaries.items():
+        tables = per_algorithm_rounds[algorithm]
+        out[algorithm] = []
+        for summary, table in zip(summaries, tables, strict=True):
+            final = dict(summary.get("final") or {})
+            for key in FINAL_MEANS:
+                if key in table.columns:
+                    evaluated = table.sort("round")[key].drop_nulls()
+                    if evaluated.len():
+                        final[key] = float(evaluated.tail(last_k).mean())  # type: ignore[arg-type]
+            out[algorithm].append({**summary, "final": final})
+    return out
+
+
 def format_value(mean: float | None, se: float | None, kind: Kind, *, seeds: int) -> str:
     """``"mean ± se"``: percent with 2 decimals or GiB with 4 significant digits.
 
@@ -123,6 +155,7 @@ def render_markdown(
     plots: Sequence[tuple[str, str]],
     notes: Sequence[str] = (),
     sections: Sequence[str] = (),
+    last_k: int | None = None,
 ) -> str:
     """A markdown report: title, the results table, extra sections, the plot images, then notes.
 
@@ -132,12 +165,21 @@ def render_markdown(
         plots: ``(caption, relative path)`` per image.
         notes: free-text bullet points.
         sections: ready markdown blocks placed after the results table.
+        last_k: the number of evaluations the final accuracies average (None or 1: the last
+            measured round), for the table's header line.
 
     Returns:
         The markdown text (ends with a newline).
     """
     lines = [f"# {title}", "", "## Results", ""]
-    lines += ["Mean ± standard error over seeds; final = last measured round.", ""]
+    if last_k is None or last_k == 1:
+        final = "final = last measured round"
+    else:
+        final = (
+            f"final accuracy = mean of each seed's last {last_k} evaluations "
+            "(GiB and sparsity: the last round)"
+        )
+    lines += [f"Mean ± standard error over seeds; {final}.", ""]
     lines += [*_markdown_table(table), ""]
     for block in sections:
         lines += [block.rstrip("\n"), ""]
@@ -159,6 +201,7 @@ def write_report(
     notes: Sequence[str] = (),
     sections: Sequence[str] = (),
     metric: str = "global/accuracy",
+    last_k: int | None = None,
 ) -> list[Path]:
     """Write ``summary.md`` and ``plots/*.png`` under ``out_dir``.
 
@@ -171,6 +214,8 @@ def write_report(
         sections: extra markdown blocks after the results table.
         metric: the global accuracy the first and third plots show (``topk/accuracy`` for
             next-word prediction, ``evaluate.metric``).
+        last_k: final accuracy = the mean of each seed's last ``last_k`` evaluations
+            (:func:`last_k_finals`); None: the summaries' own final (the last measured round).
 
     Returns:
         The written paths: the three plots, then ``summary.md``.
@@ -182,12 +227,17 @@ def write_report(
     plot_accuracy_vs_round(per_algorithm_rounds, by_round, metric=metric)
     label = metric_axis(metric)[0].removesuffix(" (%)")  # "Top-k accuracy"
     captions = [c.replace("Global accuracy", label) for _, c in PLOTS]
+    if last_k is not None:
+        per_algorithm_summaries = last_k_finals(
+            per_algorithm_rounds, per_algorithm_summaries, last_k
+        )
     markdown = render_markdown(
         summary_table(per_algorithm_summaries),
         title=title,
         plots=[(c, f"plots/{name}") for (name, _), c in zip(PLOTS, captions, strict=True)],
         notes=notes,
         sections=sections,
+        last_k=last_k,
     )
     summary = out_dir / "summary.md"
     write_text(summary, markdown)

@@ -205,8 +205,10 @@ class Paired:
             "direction": self.direction,
             "margin": self.margin,
             "alpha": self.alpha,
-            "a": {str(s): v for s, v in self.a.items()},
-            "b": {str(s): v for s, v in self.b.items()},
+            "per_seed": {
+                "a": {str(s): v for s, v in self.a.items()},
+                "b": {str(s): v for s, v in self.b.items()},
+            },
         }
 
 
@@ -261,3 +263,19 @@ def paired(
         t_crit=t_crit,
         **common,  # type: ignore[arg-type]
     )
+
+
+# --- shown numbers -----------------------------------------------------------------------------
+
+
+def t_text(t: float) -> str:
+    """A t statistic with 2 decimals, ``+∞``/``−∞`` when SE(d) is 0."""
+    return ("+∞" if t > 0 else "−∞") if math.isinf(t) else f"{t:.2f}"
+
+
+def shown_decimals(se: float | None, mean: float) -> int:
+    """Enough decimals to show the standard error to 2 significant digits (2 to 6)."""
+    ref = se if se else abs(mean)
+    if not ref or not math.isfinite(ref):
+        return 2
+    return max(2, min(6, 1 - math.floor(math.log10(ref))))

@@ -9,7 +9,6 @@ everything outside the markers is left as it is.
 from __future__ import annotations
 
 import difflib
-import math
 import os
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from fedcomm.reporting.verdict import (
     REPRODUCED,
     TOO_FEW,
     Paired,
+    shown_decimals,
+    t_text,
 )
 
 MARKERS = {
@@ -35,20 +36,12 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _decimals(se: float | None, mean: float) -> int:
-    """Enough decimals to show the standard error to 2 significant digits (2 to 6)."""
-    ref = se if se else abs(mean)
-    if not ref or not math.isfinite(ref):
-        return 2
-    return max(2, min(6, 1 - math.floor(math.log10(ref))))
-
-
 def difference_text(p: Paired) -> str:
     """``n = 3: d = +0.21 ± 0.05, t = 4.20 (2 df)``, in shown units, with the margin when it is not
     0 (``t = +∞`` when SE is 0)."""
     if p.mean is None:
         return f"n = {p.n}"
-    places = _decimals(p.se, p.mean)
+    places = shown_decimals(p.se, p.mean)
     text = f"n = {p.n}: d = {p.mean:+.{places}f}"
     if p.se is None:
         return text
@@ -57,8 +50,7 @@ def difference_text(p: Paired) -> str:
         text += f" (margin {p.margin:+g})"
     if p.t is None:
         return text + ", t undefined (every d on the margin)"
-    t = ("+∞" if p.t > 0 else "−∞") if math.isinf(p.t) else f"{p.t:.2f}"
-    return f"{text}, t = {t} ({p.df} df)"
+    return f"{text}, t = {t_text(p.t)} ({p.df} df)"
 
 
 def verdict_text(dec: Decided) -> str:
