@@ -65,7 +65,7 @@ class _Files:
             missing = [c for c in ("run", "seed", "round") if c not in frame.columns]
             if missing:
                 raise ClaimsError(f"{where}.curves: {file}: lacks column(s) {missing}")
-            self._curves[rel] = frame
+            self._curves[rel] = frame.with_columns(pl.col("run").cast(pl.String))
         return self._curves[rel]
 
     def ablations(self, where: str) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def _resolve(src: Source, metric: str, rule: Rule, files: _Files, where: str) ->
         col = _column(frame.columns, metric)
         if col is None:
             raise ClaimsError(f"{where}.curves: {src.curves} has no column {metric!r}")
-        if src.run not in set(frame["run"].cast(pl.String)):
+        if src.run not in set(frame["run"]):
             raise ClaimsError(f"{where}.run: {src.run!r} is not a run of {src.curves}")
         finals = final_per_seed(
             frame, src.run, col, last_k=rule.last_k, seeds=src.seeds, at_round=src.at_round
