@@ -498,6 +498,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         server_s=server_s,
         budgets_gib=ev.budgets_gib,
         upload_caps_gib=ev.upload_caps_gib,
+        upload_cap_axis=ev.upload_cap_axis,
         targets=ev.targets,
         link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),
         target_metric=ev.metric,

@@ -24,6 +24,7 @@ from typing import Any
 import polars as pl
 
 from fedcomm.comm.bits import GIB
+from fedcomm.evaluation.caps import CapAxis, best_within_cap
 
 ACCURACY = "global/accuracy"
 _FINAL_METRICS = (
@@ -290,23 +291,28 @@ def best_within_budget(frame: pl.DataFrame, column: str, budget_gib: float) -> f
     return _best_where(frame, column, pl.col("cum_gib") <= budget_gib)
 
 
-def best_within_upload_cap(frame: pl.DataFrame, column: str, cap_gib: float) -> float | None:
-    """The best ``column`` over rounds whose cumulative upload is at most ``cap_gib`` GiB.
+def best_within_upload_cap(
+    frame: pl.DataFrame, column: str, cap_gib: float, axis: CapAxis = "up_down"
+) -> float | None:
+    """The best ``column`` over rounds whose cumulative traffic on ``axis`` is at most ``cap_gib``.
 
     FedDST's "upload cap" (Bibikar et al., AAAI 2022, Tables 1-3): the accuracy a run reaches
-    before all clients together have uploaded ``cap_gib`` GiB (``cum_up_bytes``, every
-    uplink message of every client since round 0). We report the best evaluation within the
-    cap, not the last one (specs/feddst-progfed.md §1(c)); the two agree on rising curves.
+    before all clients together have moved ``cap_gib`` GiB. ``axis`` says what counts:
+    ``up_down`` (upload + download, ``cum_bytes``; the reading that reproduces the paper's
+    MNIST FedAvgM row, see :mod:`.caps`) or ``up`` (upload only, ``cum_up_bytes``). We report
+    the best evaluation within the cap, not the last one (specs/feddst-progfed.md §1(c)); the
+    two agree on rising curves.
 
     Args:
-        frame: a :func:`run_table` (``cum_up_bytes`` and ``column``).
+        frame: a :func:`run_table` (``cum_up_bytes``, ``cum_bytes`` and ``column``).
         column: the accuracy column.
-        cap_gib: the cap, in GiB (2**30 bytes) of upload.
+        cap_gib: the cap, in GiB (2**30 bytes).
+        axis: what the cap counts (``evaluate.upload_cap_axis``).
 
     Returns:
         The best value, or ``None`` when no evaluation falls within the cap.
     """
-    return _best_where(frame, column, pl.col("cum_up_bytes") <= cap_gib * GIB)
+    return best_within_cap(frame, column, cap_gib, axis)
 
 
 def _key(x: float) -> str:
@@ -408,14 +414,16 @@ def summarize_run(
     link: LinkModel = LinkModel(),
     server_s: pl.Series | None = None,
     target_metric: str = ACCURACY,
+    upload_cap_axis: CapAxis = "up_down",
 ) -> dict[str, Any]:
     """Summarise one run as a nested, JSON-serialisable dict (the run's DVC metrics).
 
     Keys: ``final`` (last measured value of each metric and total GiB up / down / both),
     ``best`` (best global and local accuracy and their rounds), ``at_budget`` (best accuracy
     within each cumulative GiB budget, up + down), ``at_upload_cap`` (best accuracy within each
-    cumulative upload cap, FedDST's tables), ``to_target`` (round, GiB, bytes and time-to-accuracy
-    ``tta_s`` at which the accuracy first reaches each target; nulls if never) and ``time``
+    upload cap on ``upload_cap_axis``, FedDST's tables), ``to_target`` (round, GiB, bytes and
+    time-to-accuracy ``tta_s`` at which the accuracy first reaches each target; nulls if never)
+    and ``time``
     (mean round time, LTTR ``client_s_mean``, total measured seconds).
 
     Args:
@@ -423,14 +431,16 @@ def summarize_run(
         ledger: one row per message.
         clients: one row per (round, participating client) with ``train_s``.
         budgets_gib: communication budgets in GiB (cumulative, up + down).
-        upload_caps_gib: upload caps in GiB (cumulative upload of all clients; see
-            :func:`best_within_upload_cap`).
+        upload_caps_gib: upload caps in GiB (cumulative traffic of all clients on
+            ``upload_cap_axis``; see :func:`best_within_upload_cap`).
         targets: accuracy targets in [0, 1].
         link: bandwidths for time-to-accuracy.
         server_s: server seconds per round in round order, instead of the estimate
             ``time/round_s - sum(train_s)``.
         target_metric: the accuracy column budgets, caps and targets refer to (e.g.
             ``"topk/accuracy"`` for next-word prediction).
+        upload_cap_axis: what the upload caps count: ``up_down`` (upload + download, the
+            reading that reproduces FedDST's Table 1) or ``up`` (upload only).
 
     Returns:
         The summary; missing values are ``None``.
@@ -441,7 +451,8 @@ def summarize_run(
         "best": _best(table),
         "at_budget": {_key(b): best_within_budget(table, target_metric, b) for b in budgets_gib},
         "at_upload_cap": {
-            _key(c): best_within_upload_cap(table, target_metric, c) for c in upload_caps_gib
+            _key(c): best_within_upload_cap(table, target_metric, c, upload_cap_axis)
+            for c in upload_caps_gib
         },
         "to_target": {_key(t): _to_target(table, target_metric, t) for t in targets},
         "time": _time(rounds, clients),

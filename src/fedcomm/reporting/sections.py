@@ -94,8 +94,10 @@ def budget_and_target_sections(
     if caps:
         sections.append(
             f"## Best {metric} (%) within an upload cap\n\n"
-            "Best evaluation before all clients together have uploaded more than the cap "
-            "(cumulative upload, GiB).\n\n" + caps
+            "Best evaluation before the cumulative traffic of all clients passes the cap (GiB), "
+            "counted as `evaluate.upload_cap_axis` says: upload + download (`up_down`, the "
+            "default: the reading that reproduces FedDST's Table 1) or upload only (`up`).\n\n"
+            + caps
         )
     sections.append(upload_section(aggs))
     targets = sorted({t for a in aggs.values() for t in a.get("to_target", {})}, key=float)

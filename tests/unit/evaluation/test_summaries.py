@@ -184,6 +184,7 @@ def test_summary_at_upload_cap_counts_uploads_only() -> None:
         CLIENTS,
         upload_caps_gib=[c / GIB_MIB for c in caps],
         budgets_gib=[1.0 / GIB_MIB],
+        upload_cap_axis="up",
     )
     # cumulative upload: r1 0.75, r2 1.75, r3 1.875, r4 1.875 MiB; accuracy 0.5, null, 0.8, 0.7
     assert list(s["at_upload_cap"].values()) == [None, 0.5, 0.5, 0.5, 0.8]  # cap is inclusive

@@ -1,0 +1,127 @@
+"""Upload caps (FedDST's Tables 1-3): the best accuracy before a cumulative traffic cap, and what
+the cap counts.
+
+FedDST (Bibikar et al., AAAI 2022) reports "best accuracy encountered at cumulative upload
+capacity [GiB]". Two axes:
+
+- ``up_down`` (the default): cumulative upload **plus download** of all clients since round 0.
+  This is the reading that reproduces the paper's MNIST FedAvgM row (Table 1): the official
+  code (bibikar/feddst @ 25d6184, ``dst.py``) logs each client's upload and download bits side
+  by side (``upload_cost`` / ``download_cost``, dst.py:419-420, 549-550), dense FedAvgM
+  downloads as many bits as it uploads, and fedcomm's measured FedAvgM matches the row only
+  when the cap counts about twice its upload (docs/reproductions/audit/feddst.md).
+- ``up``: cumulative upload only (every uplink byte of every client): the physical count the
+  paper's words name.
+
+Both are read from fedcomm's ledger-derived columns: a run table (:func:`..summaries.run_table`:
+``cum_up_bytes``, ``cum_bytes``) or a curves table (``reports/curves.csv``: ``cum_up_bytes``,
+``cum_gib`` = up + down in GiB). GiB = 2**30 bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import polars as pl
+
+from fedcomm.comm.bits import GIB
+from fedcomm.errors import InputError
+
+CapAxis = Literal["up_down", "up"]
+CAP_AXES: tuple[str, ...] = get_args(CapAxis)
+CAP_AXIS_WORDS = {
+    "up_down": "cumulative upload + download of all clients",
+    "up": "cumulative upload of all clients",
+}
+
+
+def axis_gib(frame: pl.DataFrame, axis: CapAxis) -> pl.Expr:
+    """The cap axis of ``frame`` in GiB, as an expression (one value per row, cumulative).
+
+    Args:
+        frame: a run table (``cum_up_bytes``, ``cum_bytes``) or a curves table
+            (``cum_up_bytes``, ``cum_gib``).
+        axis: ``up_down`` or ``up`` (see the module docstring).
+
+    Raises:
+        InputError: an unknown axis, or a frame without the columns the axis needs.
+    """
+    if axis not in CAP_AXES:
+        raise InputError(f"upload cap axis: {axis!r} is not an axis (allowed: {list(CAP_AXES)})")
+    cols = frame.columns
+    if axis == "up" and "cum_up_bytes" in cols:
+        return pl.col("cum_up_bytes") / GIB
+    if axis == "up_down" and "cum_bytes" in cols:
+        return pl.col("cum_bytes") / GIB
+    if axis == "up_down" and "cum_gib" in cols:
+        return pl.col("cum_gib")
+    need = "cum_up_bytes" if axis == "up" else "cum_bytes or cum_gib"
+    raise InputError(f"upload cap axis {axis!r}: the table lacks {need} (has {cols})")
+
+
+def best_within_cap(
+    frame: pl.DataFrame, column: str, cap_gib: float, axis: CapAxis = "up_down"
+) -> float | None:
+    """The best ``column`` over the rows whose cumulative traffic on ``axis`` is at most
+    ``cap_gib`` GiB (inclusive); ``None`` when no evaluated row falls within the cap.
+
+    The best over *evaluated* rows: a run evaluated every n rounds has only those rounds to
+    take the best of (evaluate every round when comparing runs of different per-round cost).
+    NaN counts as not evaluated.
+
+    Args:
+        frame: one run's rows (a run table or one run and seed of a curves table).
+        column: the accuracy column.
+        cap_gib: the cap in GiB (> 0).
+        axis: what the cap counts.
+
+    Raises:
+        InputError: a cap that is not > 0, an unknown axis or missing columns.
+    """
+    if not cap_gib > 0:
+        raise InputError(f"upload cap: {cap_gib!r} GiB is not > 0")
+    within = axis_gib(frame, axis) <= cap_gib
+    if column not in frame.columns:
+        return None
+    values = frame.filter(within)[column].cast(pl.Float64).fill_nan(None).drop_nulls()
+    return float(values.max()) if len(values) else None  # type: ignore[arg-type]
+
+
+def curves_at_caps(
+    curves: pl.DataFrame, column: str, caps_gib: list[float], axis: CapAxis = "up_down"
+) -> pl.DataFrame:
+    """Best ``column`` within each cap for every (run, seed) of a long curves table.
+
+    Args:
+        curves: ``reports/curves.csv`` (columns ``run``, ``seed``, ``round``, the axis columns
+            and ``column``).
+        column: the accuracy column (e.g. ``global_accuracy``).
+        caps_gib: the caps in GiB.
+        axis: what the caps count.
+
+    Returns:
+        One row per (run, seed, cap): ``run``, ``seed``, ``cap_gib``, ``best`` (null when no
+        evaluation falls within the cap) and ``last_round`` (the last round within the cap,
+        null if none), sorted by run, seed and cap.
+    """
+    rows = []
+    for (run, seed), part in curves.sort("round").group_by(["run", "seed"], maintain_order=True):
+        for cap in caps_gib:
+            inside = part.filter(axis_gib(part, axis) <= cap)
+            rows.append(
+                {
+                    "run": str(run),
+                    "seed": int(seed),
+                    "cap_gib": float(cap),
+                    "best": best_within_cap(part, column, cap, axis),
+                    "last_round": int(inside["round"].max()) if inside.height else None,  # type: ignore[arg-type]
+                }
+            )
+    schema = {
+        "run": pl.String,
+        "seed": pl.Int64,
+        "cap_gib": pl.Float64,
+        "best": pl.Float64,
+        "last_round": pl.Int64,
+    }
+    return pl.DataFrame(rows, schema=schema).sort("run", "seed", "cap_gib")
