@@ -36,8 +36,10 @@ from typing import Protocol
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
-from fedcomm.algorithms import _jobs
+from fedcomm.algorithms import _jobs, _local
+from fedcomm.algorithms._context import ClientData
 from fedcomm.models.groups import GroupSpec, expand_mask, rows
 from fedcomm.types import Params
 
@@ -147,6 +149,31 @@ def local_program(model: nn.Module, kl: bool, freeze: bool) -> _jobs.LocalProgra
         post_step=frozen_rows if freeze else None,
         post_reads_old=freeze,
     )
+
+
+# --- Eq. 8's loss over the client's data (``loss_trend: data``) ---------------------------------
+
+
+@torch.no_grad()
+def local_data_loss(
+    model: nn.Module,
+    data: ClientData,
+    chunk: int,
+    live: Mapping[str, Tensor],
+    frozen: Mapping[str, Tensor],
+) -> float:
+    """``L^k(π̃^{k,i})`` of Eq. 8 read over the client's whole local data ``D^k``: the mean CE
+    (per target token for sequences) of the masked posterior mean ``θ = β ∘ U`` (the noise
+    ``s̃ε`` is numerically a no-op, see the module docstring), in chunks of ``chunk`` examples.
+    ``live``: ``U`` after the step; ``frozen``: the step's ``rows.<param>`` masks (``β``)."""
+    theta = {k: v * frozen[ROW + k] if ROW + k in frozen else v for k, v in live.items()}
+    total, terms = 0.0, 0
+    for start in range(0, data.num_examples, chunk):
+        x, y = data.x[start : start + chunk], data.y[start : start + chunk]
+        logits = functional_call(model, theta, (x,))
+        total += float(_local.cross_entropy(logits, y)) * y.numel()
+        terms += y.numel()
+    return total / max(1, terms)
 
 
 # --- a client's per-step tensors -------------------------------------------------------------

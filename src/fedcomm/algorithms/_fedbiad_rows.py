@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,18 +59,27 @@ def recurrent_matrix(spec: GroupSpec) -> str | None:
 def row_specs(
     model: nn.Module | None,
     drop_output_layer: bool,
-    lstm_rows: Literal["hh", "ih", "both"] = "hh",
+    lstm_rows: Literal["hh", "ih", "both", "none"] = "hh",
+    drop_embedding: bool = True,
 ) -> tuple[GroupSpec, ...]:
     """The droppable row layers of ``model``: the output layer only with ``drop_output_layer``;
     of a recurrent layer's matrices only ``weight_hh`` (``lstm_rows="hh"``), only ``weight_ih``
-    (``"ih"``) or all of them (``"both"``). Parameters in no droppable row are sent whole."""
+    (``"ih"``), all of them (``"both"``) or none (``"none"``); embedding dimensions only with
+    ``drop_embedding``. Parameters in no droppable row are sent whole."""
     if model is None:
         raise ValueError("fedbiad needs the model structure in the round context")
+    embeddings = {f"{n}.weight" if n else "weight" for n, m in model.named_modules()
+                  if isinstance(m, nn.Embedding)}  # fmt: skip
     return tuple(
         s
         for s in rows(model)
         if (drop_output_layer or not s.is_output)
-        and (lstm_rows == "both" or recurrent_matrix(s) in (None, lstm_rows))
+        and (drop_embedding or s.members[0][0] not in embeddings)
+        and (
+            recurrent_matrix(s) is None
+            or lstm_rows == "both"
+            or (lstm_rows != "none" and recurrent_matrix(s) == lstm_rows)
+        )
     )
 
 
@@ -201,12 +210,16 @@ def stage_one_check(
     live: Mapping[str, Tensor],
     frozen: Mapping[str, Tensor],
     idx: Tensor,
+    *,
+    data_loss: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], float] | None = None,
 ) -> tuple[Params, Params] | None:
     """Algorithm 1, lines 18-26, after step ``v`` of stage one (``_jobs.AfterStep``): at a check
     point (every ``τ`` steps from ``2τ``), resample ``β`` if the loss rose (Eq. 8; ``p`` and
     ``scope`` as :func:`random_pattern`) and update ``E`` (Eq. 9); returns the new row masks for
-    the next steps."""
-    track.losses.append(loss)
+    the next steps. The trend's ``ℓ_v`` is the step's minibatch loss ``loss`` (``loss_trend:
+    batch``), or ``data_loss(live, frozen)``, the loss over the client's whole data after the
+    step (``loss_trend: data``)."""
+    track.losses.append(loss if data_loss is None else data_loss(live, frozen))
     if not is_check_point(v, tau):
         return None
     window = track.losses[v - 2 * tau + 1 : v + 1]  # ℓ_{v−2τ+1..v}

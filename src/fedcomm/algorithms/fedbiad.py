@@ -59,6 +59,7 @@ from fedcomm.algorithms._fedbiad_bayes import (
     S_TILDE,
     kl_weight,
     likelihood_terms,
+    local_data_loss,
     local_program,
     model_variance,
     row_masks,
@@ -108,14 +109,28 @@ class Config(AlgorithmConfig):
     stage_boundary: int = Field(55, ge=0, description="R_b: rounds r ≤ R_b are stage one")
     tau: int = Field(3, ge=1, description="τ: iterations per loss-trend window")
     drop_output_layer: bool = True
-    lstm_rows: Literal["hh", "ih", "both"] = Field(
+    lstm_rows: Literal["hh", "ih", "both", "none"] = Field(
         "hh",
         description=(
             "droppable rows of recurrent (LSTM) layers: 'hh' only weight_hh_l* (+ bias_hh) "
-            "rows, weight_ih always sent whole; 'ih' the reverse; 'both' every matrix. 'hh' "
-            "reproduces the paper's LM upload at p = 0.5 (PTB 16.4 of 29.8 MB, 1.82x; 'both' "
-            "gives 2.00x)"
+            "rows, weight_ih always sent whole; 'ih' the reverse; 'both' every matrix; 'none' "
+            "no recurrent row (an ablation). 'hh' reproduces the paper's LM upload at p = 0.5 "
+            "(PTB 16.4 of 29.8 MB, 1.82x; 'both' gives 2.00x)"
         ),
+    )
+    drop_embedding: bool = Field(
+        True,
+        description="embedding dimensions droppable (default, part of the paper's 1.82x LM "
+        "upload); false: the embedding sent whole (an ablation isolating the LM's dropped parts)",
+    )
+    loss_trend: Literal["batch", "data"] = Field(
+        "batch",
+        description="the losses of Eq. 8's trend: batch (default) = each local step's minibatch "
+        "loss; data = L^k over the client's whole local data D^k after each step (the paper's "
+        "notation; one extra forward pass over D^k per step, at the masked means β∘U)",
+    )
+    data_loss_chunk: int = Field(
+        1024, ge=1, description="examples per forward pass of loss_trend: data"
     )
     aggregation: Literal["masked", "fill", "eq10"] = Field(
         "masked", description="Eq. 10's reading: masked (default), fill, or eq10 as printed"
@@ -212,7 +227,7 @@ def make(cfg: Config) -> FedAlgorithm:
     programs: dict[tuple[int, bool], tuple[nn.Module, _jobs.LocalProgram]] = {}
 
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
-        specs = row_specs(ctx.model, cfg.drop_output_layer, cfg.lstm_rows)
+        specs = row_specs(ctx.model, cfg.drop_output_layer, cfg.lstm_rows, cfg.drop_embedding)
         return ServerState(clone_params(params), opt.init(params), specs)
 
     def program_for(model: nn.Module, freeze: bool) -> _jobs.LocalProgram:  # one per structure
@@ -225,7 +240,7 @@ def make(cfg: Config) -> FedAlgorithm:
         down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
     ) -> _jobs.LocalJob:
         model, gen = ctx.model, ctx.generator
-        specs = row_specs(model, cfg.drop_output_layer, cfg.lstm_rows)
+        specs = row_specs(model, cfg.drop_output_layer, cfg.lstm_rows, cfg.drop_embedding)
         params = dict(model.named_parameters())
         u0 = {k: down[k] for k in params}  # U^{k,0} = U_{r−1}
         scores = initial_scores(specs, cstate.scores)
@@ -244,7 +259,11 @@ def make(cfg: Config) -> FedAlgorithm:
             S_TILDE: torch.tensor(s_tilde, dtype=ref.dtype, device=ref.device),
             KL_COEF: torch.tensor(kl_coef, dtype=ref.dtype, device=ref.device),
         }
-        check = partial(stage_one_check, specs, cfg.p, cfg.tau, cfg.pattern_scope, gen, u0, track)
+        check = partial(
+            stage_one_check, specs, cfg.p, cfg.tau, cfg.pattern_scope, gen, u0, track,
+            data_loss=partial(local_data_loss, model, data, cfg.data_loss_chunk)
+            if cfg.loss_trend == "data" else None,
+        )  # fmt: skip
         metrics = {"fedbiad/s2": s2, "fedbiad/stage": 1.0 if stage_one else 2.0}
         return _jobs.new_job(
             program_for(model, freeze),
