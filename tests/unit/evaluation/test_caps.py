@@ -17,6 +17,7 @@ from fedcomm.errors import InputError
 from fedcomm.evaluation.caps import axis_gib, best_within_cap, curves_at_caps
 from fedcomm.evaluation.summaries import best_within_upload_cap, summarize_run
 from tests.conftest import tiny_params
+from tests.unit.evaluation.test_summaries import LEDGER
 
 MIB_GIB = 1 / 1024  # GiB per MiB
 ACC = [0.2, 0.5, None, 0.9]
@@ -109,20 +110,9 @@ def test_bad_caps_axes_and_tables_are_named() -> None:
 
 
 def _ledger() -> pl.DataFrame:
-    rows = []
-    for r in (1, 2, 3, 4):
-        for direction in ("down", "up"):
-            rows.append((r, 0, direction, 2**23, 0, 0, 2**23))  # 1 MiB each way
-    schema = {
-        "round": pl.Int32,
-        "client_id": pl.Int32,
-        "direction": pl.String,
-        "payload_bits": pl.Int64,
-        "index_bits": pl.Int64,
-        "meta_bits": pl.Int64,
-        "dense_bits": pl.Int64,
-    }
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    """1 MiB down and 1 MiB up in each of rounds 1-4 (the schema of test_summaries' ledger)."""
+    rows = [(r, 0, d, 2**23, 0, 0, 2**23) for r in (1, 2, 3, 4) for d in ("down", "up")]
+    return pl.DataFrame(rows, schema=LEDGER.schema, orient="row")
 
 
 def test_summarize_run_scores_caps_on_the_chosen_axis() -> None:
