@@ -101,13 +101,16 @@ def curves_at_caps(
 
     Returns:
         One row per (run, seed, cap): ``run``, ``seed``, ``cap_gib``, ``best`` (null when no
-        evaluation falls within the cap) and ``last_round`` (the last round within the cap,
-        null if none), sorted by run, seed and cap.
+        evaluation falls within the cap), ``last_round`` (the last evaluated round within the
+        cap, null if none) and ``passed`` (the curve goes past the cap, so ``best`` is final; a
+        run that stopped, or is still training, inside the cap has only a best so far), sorted
+        by run, seed and cap.
     """
     rows = []
     for (run, seed), part in curves.sort("round").group_by(["run", "seed"], maintain_order=True):
         for cap in caps_gib:
-            inside = part.filter(axis_gib(part, axis) <= cap)
+            gib = part.select(axis_gib(part, axis)).to_series()
+            inside = part.filter(gib <= cap)
             rows.append(
                 {
                     "run": str(run),
@@ -115,6 +118,7 @@ def curves_at_caps(
                     "cap_gib": float(cap),
                     "best": best_within_cap(part, column, cap, axis),
                     "last_round": int(inside["round"].max()) if inside.height else None,  # type: ignore[arg-type]
+                    "passed": bool(part.height and gib.max() > cap),  # type: ignore[operator]
                 }
             )
     schema = {
@@ -123,5 +127,6 @@ def curves_at_caps(
         "cap_gib": pl.Float64,
         "best": pl.Float64,
         "last_round": pl.Int64,
+        "passed": pl.Boolean,
     }
     return pl.DataFrame(rows, schema=schema).sort("run", "seed", "cap_gib")

@@ -85,12 +85,15 @@ def test_curves_table_and_run_table_agree() -> None:
 
 def test_curves_at_caps_one_row_per_run_seed_cap() -> None:
     out = curves_at_caps(_curves(), "global_accuracy", [2 * MIB_GIB, 8 * MIB_GIB])
-    assert out.columns == ["run", "seed", "cap_gib", "best", "last_round"]
-    rows = {(r["run"], r["cap_gib"]): (r["best"], r["last_round"]) for r in out.to_dicts()}
-    assert rows[("fedavgm", 2 * MIB_GIB)] == (0.2, 1)
-    assert rows[("fedavgm", 8 * MIB_GIB)] == (0.9, 4)
-    # the 4x cheaper run has all 4 rounds within 2 MiB of up + down
-    assert rows[("sparse", 2 * MIB_GIB)] == (pytest.approx(0.8), 4)
+    assert out.columns == ["run", "seed", "cap_gib", "best", "last_round", "passed"]
+    rows = {
+        (r["run"], r["cap_gib"]): (r["best"], r["last_round"], r["passed"]) for r in out.to_dicts()
+    }
+    assert rows[("fedavgm", 2 * MIB_GIB)] == (0.2, 1, True)
+    assert rows[("fedavgm", 8 * MIB_GIB)] == (0.9, 4, False)  # the run ends at the cap
+    # the 4x cheaper run has all 4 rounds within 2 MiB of up + down: a best so far, not final
+    assert rows[("sparse", 2 * MIB_GIB)] == (pytest.approx(0.8), 4, False)
+    assert rows[("sparse", 8 * MIB_GIB)][2] is False
     none = curves_at_caps(_curves(), "global_accuracy", [0.1 * MIB_GIB])
     assert none.filter(pl.col("run") == "fedavgm")["best"].to_list() == [None]
     assert none.filter(pl.col("run") == "fedavgm")["last_round"].to_list() == [None]
