@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from fedcomm.errors import one_line
+from fedcomm.evaluation.caps import CAP_AXIS_WORDS, CapAxis, curves_at_caps
 from fedcomm.reporting.claims_schema import (
     ABLATIONS_FILE,
     Behaviour,
@@ -117,6 +118,8 @@ def _resolve(src: Source, metric: str, rule: Rule, files: _Files, where: str) ->
             raise ClaimsError(f"{where}.curves: {src.curves} has no column {metric!r}")
         if src.run not in set(frame["run"]):
             raise ClaimsError(f"{where}.run: {src.run!r} is not a run of {src.curves}")
+        if src.within_gib is not None:
+            return _with_minus(_best_within(frame, src, col), src, metric, rule, files, where)
         finals = final_per_seed(
             frame, src.run, col, last_k=rule.last_k, seeds=src.seeds, at_round=src.at_round
         )
@@ -125,6 +128,30 @@ def _resolve(src: Source, metric: str, rule: Rule, files: _Files, where: str) ->
         if finals.fewest < k:
             final += f" (fewest available: {finals.fewest})"
         base = ArmValues(finals.values, final)
+    return _with_minus(base, src, metric, rule, files, where)
+
+
+def _best_within(frame: pl.DataFrame, src: Source, col: str) -> ArmValues:
+    """Per seed: the best ``col`` over the evaluations within ``src.within_gib`` GiB of traffic
+    on ``src.axis`` (FedDST's upload caps, budgets); a seed with no evaluation inside is left
+    out. Reads the summarize stage's ``cum_*`` columns and ``fedcomm curves``' ``comm_cum_*``."""
+    assert src.within_gib is not None
+    axis: CapAxis = src.axis or "up_down"
+    run = frame.filter(pl.col("run") == src.run)
+    named = {c: c.removeprefix("comm_") for c in run.columns if c.startswith("comm_cum_")}
+    run = run.rename({c: n for c, n in named.items() if n not in run.columns})
+    table = curves_at_caps(run, col, [src.within_gib], axis)
+    values = {
+        int(r["seed"]): float(r["best"])
+        for r in table.iter_rows(named=True)
+        if r["best"] is not None and (src.seeds is None or r["seed"] in src.seeds)
+    }
+    return ArmValues(values, f"best within {src.within_gib:g} GiB ({CAP_AXIS_WORDS[axis]})")
+
+
+def _with_minus(
+    base: ArmValues, src: Source, metric: str, rule: Rule, files: _Files, where: str
+) -> ArmValues:
     if src.minus is None:
         return base
     minus = _resolve(src.minus, metric, rule, files, f"{where}.minus")

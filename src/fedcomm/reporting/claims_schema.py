@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcomm.errors import InputError, one_line
+from fedcomm.evaluation.caps import CapAxis
 from fedcomm.reporting.verdict import Direction
 
 ABLATIONS_FILE = "issue15_ablations.json"
@@ -56,6 +57,8 @@ class Source(_Strict):
     run: str | None = None
     seeds: list[int] | None = None
     at_round: int | None = Field(None, ge=0)
+    within_gib: float | None = Field(None, gt=0.0)  # best within a traffic cap instead of final
+    axis: CapAxis | None = None  # what within_gib counts (default up_down: up + download)
     ablations: str | None = None
     field: str | None = None
     per_seed: dict[int, float] | None = None
@@ -72,14 +75,18 @@ class Source(_Strict):
                 f"needs exactly one of {', '.join(SOURCE_KINDS)} (got {kinds or 'none'})"
             )
         allowed = {
-            "curves": {"run", "seeds", "at_round"},
+            "curves": {"run", "seeds", "at_round", "within_gib", "axis"},
             "ablations": {"field", "seeds"},
             "per_seed": {"from_"},
             "pending": {"old"},
         }[kinds[0]]
-        for key in ("run", "seeds", "at_round", "field", "from_", "old"):
+        for key in ("run", "seeds", "at_round", "within_gib", "axis", "field", "from_", "old"):
             if getattr(self, key) is not None and key not in allowed:
                 raise ValueError(f"`{key.rstrip('_')}` does not go with `{kinds[0]}`")
+        if self.axis is not None and self.within_gib is None:
+            raise ValueError("`axis` goes with `within_gib` (the cap it counts)")
+        if self.within_gib is not None and self.at_round is not None:
+            raise ValueError("`within_gib` and `at_round` exclude each other")
         if kinds[0] == "curves" and self.run is None:
             raise ValueError("`curves` needs `run` (the run label in the table)")
         if kinds[0] == "per_seed" and not self.from_:

@@ -333,3 +333,63 @@ def test_verdicts_prints_both_tables(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "| Paper | Claim | Paper's number |" in result.output
     assert "| Paper | Check | Kind |" in result.output
+
+
+CAP_CSV = """run,seed,round,global_accuracy,comm_cum_gib,comm_cum_up_bytes
+dense,0,1,0.50,1.0,536870912
+dense,0,2,0.80,2.0,1073741824
+dense,0,3,0.99,3.0,1610612736
+dense,1,1,0.60,1.0,536870912
+dense,1,2,0.70,2.0,1073741824
+sparse,0,1,0.55,0.5,268435456
+sparse,0,2,0.85,1.0,536870912
+sparse,0,4,0.90,2.0,1073741824
+sparse,1,2,0.75,1.0,536870912
+sparse,1,4,0.65,2.0,1073741824
+"""
+
+
+def test_best_within_a_traffic_cap_on_either_axis(tmp_path: Path) -> None:
+    """``within_gib``: per seed the best evaluation inside the cap (inclusive), not the final."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cap.csv").write_text(CAP_CSV)
+    arm = {"curves": "data/cap.csv", "within_gib": 2.0}
+    behaviours = [
+        _behaviour(
+            "up-down", {"label": "S", "run": "sparse", **arm}, {"label": "D", "run": "dense", **arm}
+        ),
+        _behaviour(
+            "up-only",
+            {"label": "S", "run": "sparse", **arm, "axis": "up", "within_gib": 0.5},
+            {"label": "D", "run": "dense", **arm, "axis": "up", "within_gib": 0.5},
+        ),
+    ]
+    up_down, up = decide(load_registry(_registry(tmp_path, behaviours)))
+    # up + down <= 2 GiB: sparse 0.90 / 0.75, dense 0.80 / 0.70 (round 3's 0.99 is past the cap)
+    assert up_down.paired is not None and up_down.paired.d == pytest.approx((10.0, 5.0))
+    assert up_down.final == "best within 2 GiB (cumulative upload + download of all clients)"
+    # upload <= 0.5 GiB (inclusive): sparse 0.85 / 0.75, dense 0.50 / 0.60
+    assert up.paired is not None and up.paired.d == pytest.approx((35.0, 15.0))
+    assert "cumulative upload of all clients" in up.final
+
+
+@pytest.mark.parametrize(
+    ("arm", "says"),
+    [
+        ({"axis": "up"}, "`axis` goes with `within_gib`"),
+        ({"within_gib": 1.0, "at_round": 3}, "exclude each other"),
+        ({"within_gib": 0.0}, "within_gib"),
+        ({"within_gib": 1.0, "axis": "down"}, "axis"),
+    ],
+)
+def test_bad_cap_sources_are_one_line_errors(
+    tmp_path: Path, arm: dict[str, Any], says: str
+) -> None:
+    src = {"label": "S", "curves": "data/c.csv", "run": "new", **arm}
+    path = _registry(
+        tmp_path,
+        [_behaviour("cap-case", src, {"label": "O", "curves": "data/c.csv", "run": "old"})],
+    )
+    with pytest.raises(ClaimsError, match=r"cap-case") as err:
+        load_registry(path)
+    assert says in str(err.value) and "\n" not in str(err.value)
