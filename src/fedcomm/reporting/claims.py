@@ -133,18 +133,21 @@ def _resolve(src: Source, metric: str, rule: Rule, files: _Files, where: str) ->
 
 def _best_within(frame: pl.DataFrame, src: Source, col: str) -> ArmValues:
     """Per seed: the best ``col`` over the evaluations within ``src.within_gib`` GiB of traffic
-    on ``src.axis`` (FedDST's upload caps, budgets); a seed with no evaluation inside is left
-    out. Reads the summarize stage's ``cum_*`` columns and ``fedcomm curves``' ``comm_cum_*``."""
+    on ``src.axis`` (FedDST's upload caps, budgets); a seed with no evaluation inside, or whose
+    curve does not go past the cap, is left out. Reads the summarize stage's ``cum_*`` columns
+    and ``fedcomm curves``' ``comm_cum_*``."""
     assert src.within_gib is not None
     axis: CapAxis = src.axis or "up_down"
     run = frame.filter(pl.col("run") == src.run)
     named = {c: c.removeprefix("comm_") for c in run.columns if c.startswith("comm_cum_")}
     run = run.rename({c: n for c, n in named.items() if n not in run.columns})
     table = curves_at_caps(run, col, [src.within_gib], axis)
+    # only curves that go past the cap have a final best within it (a run that ended, or is
+    # still training, inside the cap has a best so far): the other seeds are left out
     values = {
         int(r["seed"]): float(r["best"])
         for r in table.iter_rows(named=True)
-        if r["best"] is not None and (src.seeds is None or r["seed"] in src.seeds)
+        if r["best"] is not None and r["passed"] and (src.seeds is None or r["seed"] in src.seeds)
     }
     return ArmValues(values, f"best within {src.within_gib:g} GiB ({CAP_AXIS_WORDS[axis]})")
 

@@ -341,11 +341,14 @@ dense,0,2,0.80,2.0,1073741824
 dense,0,3,0.99,3.0,1610612736
 dense,1,1,0.60,1.0,536870912
 dense,1,2,0.70,2.0,1073741824
+dense,1,3,0.95,3.0,1610612736
 sparse,0,1,0.55,0.5,268435456
 sparse,0,2,0.85,1.0,536870912
 sparse,0,4,0.90,2.0,1073741824
+sparse,0,5,0.97,3.0,1610612736
 sparse,1,2,0.75,1.0,536870912
 sparse,1,4,0.65,2.0,1073741824
+sparse,1,6,0.99,3.0,1610612736
 """
 
 
@@ -371,6 +374,22 @@ def test_best_within_a_traffic_cap_on_either_axis(tmp_path: Path) -> None:
     # upload <= 0.5 GiB (inclusive): sparse 0.85 / 0.75, dense 0.50 / 0.60
     assert up.paired is not None and up.paired.d == pytest.approx((35.0, 15.0))
     assert "cumulative upload of all clients" in up.final
+    # a curve that does not go past the cap has only a best so far: its seed is left out
+    (short,) = decide(
+        load_registry(
+            _registry(
+                tmp_path,
+                [
+                    _behaviour(
+                        "not-past",
+                        {"label": "S", "run": "sparse", **arm, "within_gib": 3.0},
+                        {"label": "D", "run": "dense", **arm, "within_gib": 1.5},
+                    )
+                ],
+            )
+        )
+    )
+    assert short.a.values == {} and short.b.values == pytest.approx({0: 0.50, 1: 0.60})
 
 
 @pytest.mark.parametrize(
