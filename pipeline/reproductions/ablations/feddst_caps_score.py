@@ -131,9 +131,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("curves", nargs="*", help="curves CSVs (run, seed, round, cum_gib, ...)")
     ap.add_argument("--checkpoints", nargs="*", default=[], help="build folders still training")
+    ap.add_argument("--write-curves", help="also write the rounds read (curves CSV columns) here")
     args = ap.parse_args()
     if args.checkpoints:
         frame = _from_checkpoints(args.checkpoints)
+        if args.write_curves:
+            frame.sort("run", "seed", "round").write_csv(args.write_curves)
     elif args.curves:
         frame = pl.concat(
             [pl.read_csv(f, infer_schema_length=None) for f in args.curves], how="diagonal_relaxed"
