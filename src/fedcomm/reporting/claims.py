@@ -55,19 +55,28 @@ class _Files:
         self._ablations: dict[str, Any] | None = None
 
     def curves(self, rel: str, where: str) -> pl.DataFrame:
+        """One CSV, or every CSV a glob names (``data/abl_x_s*.csv``: the per-seed files of
+        ``pipeline/per_seed.sh``) stacked; each must have ``run``, ``seed`` and ``round``."""
         if rel not in self._curves:
-            file = self.root / rel
-            if not file.is_file():
-                raise ClaimsError(f"{where}.curves: {file}: no such file")
-            try:
-                frame = pl.read_csv(file, infer_schema_length=None)
-            except Exception as err:  # polars raises several types for a damaged CSV
-                raise ClaimsError(f"{where}.curves: {file}: unreadable ({one_line(err)})") from None
-            missing = [c for c in ("run", "seed", "round") if c not in frame.columns]
-            if missing:
-                raise ClaimsError(f"{where}.curves: {file}: lacks column(s) {missing}")
-            self._curves[rel] = frame.with_columns(pl.col("run").cast(pl.String))
+            files = sorted(self.root.glob(rel)) if any(c in rel for c in "*?[") else []
+            if not files:
+                files = [self.root / rel]
+            frames = [self._one_csv(file, where) for file in files]
+            self._curves[rel] = pl.concat(frames, how="diagonal_relaxed")
         return self._curves[rel]
+
+    @staticmethod
+    def _one_csv(file: Path, where: str) -> pl.DataFrame:
+        if not file.is_file():
+            raise ClaimsError(f"{where}.curves: {file}: no such file")
+        try:
+            frame = pl.read_csv(file, infer_schema_length=None)
+        except Exception as err:  # polars raises several types for a damaged CSV
+            raise ClaimsError(f"{where}.curves: {file}: unreadable ({one_line(err)})") from None
+        missing = [c for c in ("run", "seed", "round") if c not in frame.columns]
+        if missing:
+            raise ClaimsError(f"{where}.curves: {file}: lacks column(s) {missing}")
+        return frame.with_columns(pl.col("run").cast(pl.String))
 
     def ablations(self, where: str) -> dict[str, Any]:
         if self._ablations is None:

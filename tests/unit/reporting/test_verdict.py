@@ -412,3 +412,29 @@ def test_bad_cap_sources_are_one_line_errors(
     with pytest.raises(ClaimsError, match=r"cap-case") as err:
         load_registry(path)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_curves_glob_stacks_the_per_seed_files(tmp_path: Path) -> None:
+    """``curves: data/x_s*.csv`` reads every per-seed CSV of pipeline/per_seed.sh as one table."""
+    (tmp_path / "data").mkdir()
+    rows = CURVES_CSV.splitlines()
+    for seed in (0, 1, 2):  # the same rows as data/c.csv, split by seed
+        part = [r for r in rows[1:] if r.split(",")[1] == str(seed)]
+        (tmp_path / "data" / f"x_s{seed}.csv").write_text("\n".join([rows[0], *part]) + "\n")
+    arm = {"curves": "data/x_s*.csv"}
+    beh = [
+        _behaviour(
+            "glob-case", {"label": "N", "run": "new", **arm}, {"label": "O", "run": "old", **arm}
+        )
+    ]
+    (dec,) = decide(load_registry(_registry(tmp_path, beh)))
+    assert dec.paired is not None and dec.paired.d == pytest.approx((1.0, 2.0, 3.0))
+    bad = [
+        _behaviour(
+            "glob-none",
+            {"label": "N", "run": "new", "curves": "data/y_s*.csv"},
+            {"label": "O", "run": "old", **arm},
+        )
+    ]
+    with pytest.raises(ClaimsError, match=r"glob-none.*y_s\*\.csv: no such file"):
+        decide(load_registry(_registry(tmp_path, bad)))
