@@ -40,6 +40,13 @@ NOT_RUN = {  # command prefix -> why it is not run by this test
     "fedcomm sweep": "an Optuna study: tests/pipeline/test_sweep.py and test_dvc_sweep.py",
     "dvc exp run --queue": "tests/pipeline/test_dvc_pipeline.py queues one; its -S values are "
     "checked against params.yaml below",
+    "fedcomm verdicts": "reads docs/reproductions/ (not in this repo copy): "
+    "tests/unit/reporting/test_reproductions_readme.py runs --check on the real page, "
+    "tests/unit/reporting/test_verdict.py the --write / --check round trip",
+    "fedcomm curves": "needs a finished build: tests/unit/reporting/test_verdict_curves.py runs "
+    "it on a tiny one",
+    "bash pipeline/per_seed.sh": "one build per seed, hours: tests/pipeline/test_per_seed.py runs "
+    "it dry and checks the params it writes",
 }
 
 
