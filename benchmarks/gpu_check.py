@@ -984,6 +984,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _shown(path: Path) -> str:
+    """``path`` as a log may show it: under ``$OUT`` or the working directory, never the
+    machine's absolute path (the logs are committed under benchmarks/results/)."""
+    for root, name in ((os.environ.get("OUT"), "$OUT"), (os.getcwd(), ".")):
+        if root and path.resolve().is_relative_to(Path(root).resolve()):
+            return f"{name}/{path.resolve().relative_to(Path(root).resolve())}"
+    return path.name
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.contract_worker:
@@ -1014,7 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
             dev,
             args.budget_s,
             args.parts,
-            report.path,
+            _shown(report.path),
         )
         signal.signal(signal.SIGTERM, _terminate)
         try:
