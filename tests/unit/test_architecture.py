@@ -7,7 +7,7 @@ check needs nothing to be importable and sees what a reader sees.
 Layers, lowest first; a module may import its own layer and the layers below it:
 
 0. foundation: ``types errors atomic paths seeding sparse_io`` and the package root;
-1. building blocks: ``comm models data server_opt run_files``;
+1. building blocks: ``comm models data server_opt run_files system``;
 2. ``algorithms`` (inside it, the contract and its shared pieces -- ``base`` and every
    ``_private`` module -- never import an algorithm: algorithms compose them, not the reverse);
 3. ``evaluation``;  4. ``simulation`` (the round loop);  5. ``config`` (the params schema);
@@ -29,7 +29,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
         "fedcomm types errors atomic paths seeding sparse_io",
-        "comm models data server_opt run_files",
+        "comm models data server_opt run_files system",
         "algorithms",
         "evaluation",
         "simulation",
