@@ -20,6 +20,8 @@ from fedcomm.errors import InputError, InputWarning
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect and validate params files.")
 app.add_typer(config_app, name="config")
+system_app = typer.Typer(no_args_is_help=True, help="Simulated-time inputs (issue 30).")
+app.add_typer(system_app, name="system")
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params YAML file")]
 
@@ -88,6 +90,26 @@ def config_show(params: ParamsOpt = Path("params.yaml")) -> None:
     import yaml
 
     typer.echo(yaml.safe_dump(_load(params).model_dump(mode="json"), sort_keys=False))
+
+
+@system_app.command("convert-fedscale")
+def system_convert_fedscale(
+    out: Annotated[Path, typer.Option(help="folder for clients.parquet / windows.parquet")],
+    device: Annotated[
+        Path | None, typer.Option(help="FedScale's client_device_capacity pickle")
+    ] = None,
+    behave: Annotated[Path | None, typer.Option(help="FedScale's client_behave_trace pickle")] = (
+        None
+    ),
+) -> None:
+    """Convert FedScale's device / behaviour pickles (either or both) into a client table and
+    availability windows (docs/traces.md); the pickles' globals are refused, never run."""
+    from fedcomm.system.fedscale import convert_fedscale
+
+    with user_errors():
+        written = convert_fedscale(device, behave, out)
+    for path in written:
+        typer.echo(f"wrote {path}")
 
 
 @app.command()
