@@ -179,6 +179,10 @@ def report(
     budget_gib: Annotated[
         list[float] | None, typer.Option(help="GiB budget: best accuracy within it (repeat)")
     ] = None,
+    time_budget_h: Annotated[
+        list[float] | None,
+        typer.Option(help="simulated-hours budget (runs with `system`): best accuracy within it"),
+    ] = None,
     metric: Annotated[str, typer.Option(help="global/accuracy or topk/accuracy")] = (
         "global/accuracy"
     ),
@@ -207,6 +211,7 @@ def report(
             budgets_gib=budget_gib or [],
             metric=metric,
             title=title,
+            time_budgets_h=time_budget_h or [],
         )
     for path in written:
         typer.echo(f"wrote {path}")

@@ -472,6 +472,11 @@ class EvaluateConfig(Strict):
         "docs/reproductions/audit/feddst.md); up = cumulative upload only",
     )
     targets: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
+    time_budgets_h: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default_factory=list,
+        description="simulated-time budgets (hours, runs with a system section): best accuracy "
+        "over the evaluations whose time/sim_elapsed_s is within each, the rule of budgets_gib",
+    )
     link: LinkConfig = Field(default_factory=LinkConfig)
     metric: Literal["global/accuracy", "topk/accuracy"] = Field(
         "global/accuracy",
@@ -490,6 +495,7 @@ CURVE_COLUMNS = {
     "topk/accuracy": "topk_accuracy",
     "global/loss": "global_loss",
     "model/sparsity": "model_sparsity",
+    "time/sim_elapsed_s": "sim_elapsed_s",  # simulated seconds (runs with a system section only)
 }
 POINTS_METRICS = ("global_accuracy", "local_accuracy", "topk_accuracy", "model_sparsity")
 

@@ -7,6 +7,13 @@ comparisons decided by the rule (paired t over seeds), ``reports/metrics.json`` 
 numbers for ``dvc metrics show``/``diff``, the comparisons under ``paired``) and
 ``reports/curves.csv`` (long format: run, seed, round, cumulative GiB and upload bytes,
 accuracies, sparsity; for ``dvc plots`` and ``fedcomm verdicts``).
+
+Runs with a ``system`` section (simulated time, issue 30) also get, recomputed here from each
+seed's rounds table: a "Simulated time" section (simulated hours, clients per round), the best
+accuracy within each ``evaluate.time_budgets_h``, the simulated hours to each target, the plot
+of accuracy against GiB beside accuracy against simulated hours, ``sim`` and
+``at_time_budget_h`` in ``metrics.json`` and the ``sim_elapsed_s`` column in ``curves.csv``.
+Without simulated time every output is what it was before.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import polars as pl
 
 from fedcomm import atomic
 from fedcomm.config import CURVE_COLUMNS, Params
+from fedcomm.evaluation.sim_time import has_sim_time, merge_sim_time, sim_time_summary
 from fedcomm.evaluation.summaries import aggregate_seeds
 from fedcomm.experiment import Paths
 from fedcomm.reporting.curves import long_curves
@@ -54,8 +62,20 @@ def collect(
             )
             rounds.setdefault(run, []).append(table)
             metrics = read_json(d / "metrics.json", METRICS_KEYS, evaluate_remedy(run, seed))
-            summaries.setdefault(run, []).append(metrics)
+            summaries.setdefault(run, []).append(with_sim_time(params, table, metrics))
     return rounds, summaries
+
+
+def with_sim_time(params: Params, rounds: pl.DataFrame, metrics: dict[str, Any]) -> dict[str, Any]:
+    """A seed's evaluate-stage summary with its simulated-time parts recomputed from its rounds
+    table under this stage's ``evaluate`` params (``time_budgets_h``, ``targets``, ``metric``;
+    :func:`~fedcomm.evaluation.sim_time.sim_time_summary`): ``metrics`` itself when the run has
+    no simulated time."""
+    ev = params.evaluate
+    sim = sim_time_summary(
+        rounds, time_budgets_h=ev.time_budgets_h, targets=ev.targets, target_metric=ev.metric
+    )
+    return merge_sim_time(metrics, sim)
 
 
 def curves(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> pl.DataFrame:
@@ -107,7 +127,9 @@ HEADLINE = {
         "model/sparsity",
     ),
     "best": ("global/accuracy", "global/accuracy_round", "local/accuracy"),
+    "sim": ("elapsed_h", "round_s_mean", "dropped_share"),  # runs with a `system` section only
 }
+ALWAYS = ("final", "best")  # the other HEADLINE sections only when a run has them
 
 
 def headline(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -124,9 +146,29 @@ def headline(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 if isinstance(leaf, dict) and leaf.get("mean") is not None:
                     part[key] = leaf["mean"]
                     part[f"{key}_se"] = leaf["se"]
-            node[section] = part
+            if part or section in ALWAYS:
+                node[section] = part
+        at_time: dict[str, Any] = {}
+        for hours, leaf in (agg.get("at_time_budget") or {}).items():
+            if leaf.get("mean") is not None:
+                at_time |= {hours: leaf["mean"], f"{hours}_se": leaf["se"]}
+        if at_time:
+            node["at_time_budget_h"] = at_time
         out[run] = node
     return out
+
+
+def sim_time_notes(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> list[str]:
+    """A note when ``evaluate.time_budgets_h`` is set but no run has simulated time (no
+    ``system`` section): the budgets were not applied."""
+    if not params.evaluate.time_budgets_h:
+        return []
+    if any(has_sim_time(t) for tables in rounds.values() for t in tables):
+        return []
+    return [
+        f"evaluate.time_budgets_h ({params.evaluate.time_budgets_h}) was not applied: no run "
+        "has simulated time (`time/sim_elapsed_s`; runs need a `system` section)"
+    ]
 
 
 def divergence_notes(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> list[str]:
@@ -170,7 +212,7 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         title=params.summarize.title,
         sections=sections,
         metric=params.evaluate.metric,
-        notes=divergence_notes(params, rounds),
+        notes=[*divergence_notes(params, rounds), *sim_time_notes(params, rounds)],
         last_k=last_k,
     )
     metrics = headline(last_k_finals(rounds, summaries, last_k))

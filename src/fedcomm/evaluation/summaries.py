@@ -25,6 +25,7 @@ import polars as pl
 
 from fedcomm.comm.bits import GIB
 from fedcomm.evaluation.caps import CapAxis, best_within_cap
+from fedcomm.evaluation.sim_time import merge_sim_time, sim_time_summary
 
 ACCURACY = "global/accuracy"
 _FINAL_METRICS = (
@@ -415,6 +416,7 @@ def summarize_run(
     server_s: pl.Series | None = None,
     target_metric: str = ACCURACY,
     upload_cap_axis: CapAxis = "up_down",
+    time_budgets_h: Sequence[float] = (),
 ) -> dict[str, Any]:
     """Summarise one run as a nested, JSON-serialisable dict (the run's DVC metrics).
 
@@ -425,6 +427,13 @@ def summarize_run(
     time-to-accuracy ``tta_s`` at which the accuracy first reaches each target; nulls if never)
     and ``time``
     (mean round time, LTTR ``client_s_mean``, total measured seconds).
+
+    A run with simulated time (a ``system`` section: ``time/sim_elapsed_s`` in ``rounds``) also
+    gets ``sim`` (simulated hours, mean simulated round, clients per round), ``at_time_budget``
+    (best accuracy within each simulated-time budget, hours) and, per target, ``sim_h`` (simulated
+    hours to reach it), see :mod:`.sim_time`; a run without has none of these keys. ``tta_s``
+    stays the post-hoc model: one uniform ``link`` for every client, no deadline, no
+    availability, compute = the measured training time of this machine.
 
     Args:
         rounds: one row per round (``round`` then metric columns, null when not measured).
@@ -441,12 +450,14 @@ def summarize_run(
             ``"topk/accuracy"`` for next-word prediction).
         upload_cap_axis: what the upload caps count: ``up_down`` (upload + download, the
             reading that reproduces FedDST's Table 1) or ``up`` (upload only).
+        time_budgets_h: simulated-time budgets in hours (read only when the run has simulated
+            time).
 
     Returns:
         The summary; missing values are ``None``.
     """
     table = run_table(rounds, ledger, clients, link=link, server_s=server_s)
-    return {
+    summary = {
         "final": _final(table),
         "best": _best(table),
         "at_budget": {_key(b): best_within_budget(table, target_metric, b) for b in budgets_gib},
@@ -457,6 +468,10 @@ def summarize_run(
         "to_target": {_key(t): _to_target(table, target_metric, t) for t in targets},
         "time": _time(rounds, clients),
     }
+    sim = sim_time_summary(
+        rounds, time_budgets_h=time_budgets_h, targets=targets, target_metric=target_metric
+    )
+    return merge_sim_time(summary, sim)
 
 
 def _is_number(value: Any) -> bool:

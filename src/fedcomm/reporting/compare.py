@@ -200,13 +200,23 @@ def load_run(
     return LoadedRun(rec, group, rounds, summary)
 
 
-def _check_options(targets: Sequence[float], budgets: Sequence[float], group_by: str) -> None:
-    """Targets in (0, 1], positive budgets, a non-empty tag name."""
+def _check_options(
+    targets: Sequence[float],
+    budgets: Sequence[float],
+    group_by: str,
+    time_budgets_h: Sequence[float] = (),
+) -> None:
+    """Targets in (0, 1], positive (finite) budgets, a non-empty tag name."""
     bad = [t for t in targets if not 0 < t <= 1]
     if bad:
         raise ConfigError(f"targets: accuracy targets must be in (0, 1] (got {bad})")
     if any(b <= 0 for b in budgets):
         raise ConfigError(f"budgets_gib: budgets must be > 0 GiB (got {list(budgets)})")
+    if any(not 0 < h < float("inf") for h in time_budgets_h):
+        raise ConfigError(
+            f"time_budgets_h: simulated-time budgets must be finite and > 0 hours "
+            f"(got {list(time_budgets_h)})"
+        )
     if not group_by:
         raise ConfigError("group_by: a tag name is required (e.g. 'run' or 'algorithm')")
 
@@ -325,6 +335,7 @@ def compare_runs(
     metric: str = "global/accuracy",
     title: str = "fedcomm comparison",
     link: LinkModel = DEFAULT_LINK,
+    time_budgets_h: Sequence[float] = (),
 ) -> list[Path]:
     """Write a comparison report of the finished training runs matching the filters.
 
@@ -342,6 +353,8 @@ def compare_runs(
         metric: the accuracy that plots, budgets and targets refer to.
         title: report title.
         link: link bandwidths (Mbit/s) for time-to-accuracy.
+        time_budgets_h: simulated-time budgets (hours): best accuracy within each, for runs
+            with a ``system`` section (their ``time/sim_elapsed_s``).
 
     Returns:
         The written paths: the three plots, ``summary.md``, ``runs.parquet``.
@@ -351,7 +364,7 @@ def compare_runs(
             an unmeasured ``metric`` or out-of-range targets/budgets.
     """
     tags = dict(tags or {})
-    _check_options(targets, budgets_gib, group_by)
+    _check_options(targets, budgets_gib, group_by, time_budgets_h)
     records = find_runs(uri, experiments=experiments, tags=tags, dvc_exp=dvc_exp)
     if not records:
         where = describe_filter(uri, experiments, tags, dvc_exp)
@@ -363,6 +376,7 @@ def compare_runs(
         "targets": targets,
         "link": link,
         "target_metric": metric,
+        "time_budgets_h": time_budgets_h,
     }
     with tempfile.TemporaryDirectory(prefix="fedcomm-report-") as tmp:
         runs = [load_run(uri, rec, g, Path(tmp), summary_options=options) for g, rec in chosen]
@@ -371,11 +385,18 @@ def compare_runs(
 
 
 def _closing_notes(runs: Sequence[LoadedRun], link: LinkModel) -> list[str]:
-    """The link model behind time-to-accuracy; runs the evaluate stage never summarised."""
+    """The link model behind time-to-accuracy (and, when runs have simulated time, how it
+    differs from their simulated clock); runs the evaluate stage never summarised."""
     notes = [
         f"Time-to-accuracy models links of {link.down_mbps:g} Mbit/s down and "
         f"{link.up_mbps:g} Mbit/s up."
     ]
+    if any("sim" in r.summary for r in runs):
+        notes[0] += (
+            " It is the special case of one uniform link for every client, no deadline, no "
+            "availability and no simulated compute; the simulated hours are the runs' own "
+            "`system` clock."
+        )
     missing = sum(EVAL_SUMMARY not in r.record.artifacts for r in runs)
     if missing:
         notes.append(

@@ -1,9 +1,11 @@
-"""Accuracy curves against communication (GiB) and rounds, one line per algorithm.
+"""Accuracy curves against communication (GiB), rounds and simulated time, one line per algorithm.
 
 Seeds of an algorithm are aligned on ``round`` and drawn as their mean with a shaded ±1
 standard-error band. Only rounds every seed evaluated are kept, so the mean never jumps where a
 seed drops out (if the seeds share no round, every evaluated round is kept). Colours and markers
 follow the sorted algorithm labels, so the same set of algorithms looks the same in every plot.
+Against simulated time (runs with a ``system`` section) seeds are aligned on the simulated clock
+instead (:func:`sim_time_curve`), and that panel sits beside the GiB one.
 
 Figures are built with :class:`matplotlib.figure.Figure` (no pyplot global state) and written
 through a temporary file and an atomic rename.
@@ -131,8 +133,17 @@ def seed_curve(tables: Sequence[pl.DataFrame], metric: str, x: str) -> Curve:
     return Curve(kept["x"].to_list(), kept["mean"].to_list(), kept["se"].to_list(), len(tables))
 
 
-def _draw_curve(ax: Axes, curve: Curve, label: str, style: tuple[str, str], scale: float) -> None:
-    """Draw a mean line (with sparse markers) and, for several seeds, its ±SE band."""
+def _draw_curve(
+    ax: Axes,
+    curve: Curve,
+    label: str,
+    style: tuple[str, str],
+    scale: float,
+    *,
+    steps: bool = False,
+) -> None:
+    """Draw a mean line (with sparse markers) and, for several seeds, its ±SE band; ``steps``:
+    as a step function (each value holds until the next point)."""
     colour, marker = style
     mean = [m * scale for m in curve.mean]
     seeds = f"{curve.seeds} seeds" if curve.seeds > 1 else "1 seed"
@@ -145,11 +156,20 @@ def _draw_curve(ax: Axes, curve: Curve, label: str, style: tuple[str, str], scal
         markersize=5,
         linewidth=1.8,
         label=f"{label} ({seeds})",
+        drawstyle="steps-post" if steps else "default",
     )
     if curve.seeds > 1:
         low = [(m - s) * scale for m, s in zip(curve.mean, curve.se, strict=True)]
         high = [(m + s) * scale for m, s in zip(curve.mean, curve.se, strict=True)]
-        ax.fill_between(curve.x, low, high, color=colour, alpha=0.18, linewidth=0)
+        ax.fill_between(
+            curve.x,
+            low,
+            high,
+            color=colour,
+            alpha=0.18,
+            linewidth=0,
+            step="post" if steps else None,
+        )
 
 
 def _wide_span(xs: Sequence[float]) -> bool:
@@ -169,6 +189,42 @@ def save_figure(fig: Figure, path: Path) -> None:
         fig.savefig(tmp, format="png", dpi=150)
 
 
+def _panel(
+    ax: Axes,
+    runs: Mapping[str, Sequence[pl.DataFrame]],
+    *,
+    metric: str,
+    x: str,
+    xlabel: str,
+    title: str,
+    legend: bool = True,
+) -> bool:
+    """One curve per algorithm against ``x`` on ``ax`` (colours by :func:`algorithm_styles`);
+    True when anything was drawn. ``x == SIM_HOURS`` aligns the seeds on the simulated clock
+    (:func:`sim_time_curve`), any other ``x`` on the round (:func:`seed_curve`)."""
+    ylabel, scale = metric_axis(metric)
+    styles = algorithm_styles(list(runs))
+    all_x: list[float] = []
+    for label in sorted(runs):
+        if x == SIM_HOURS:
+            curve = sim_time_curve(runs[label], metric)
+        else:
+            curve = seed_curve(runs[label], metric, x)
+        if curve.x:
+            _draw_curve(ax, curve, label, styles[label], scale, steps=x == SIM_HOURS)
+            all_x.extend(curve.x)
+    if not all_x:
+        ax.text(0.5, 0.5, f"no {metric} measured", ha="center", va="center", transform=ax.transAxes)
+    elif x in (GIB_COLUMN, SIM_HOURS) and _wide_span(all_x):
+        ax.set_xscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, which="major", alpha=0.35)
+    ax.grid(True, which="minor", alpha=0.12)
+    if all_x and legend:
+        ax.legend(loc="best", fontsize="small", framealpha=0.9)
+    return bool(all_x)
+
+
 def _plot(
     runs: Mapping[str, Sequence[pl.DataFrame]],
     path: Path,
@@ -179,25 +235,8 @@ def _plot(
     title: str,
 ) -> None:
     """Shared body of the public plot functions: one curve per algorithm against ``x``."""
-    ylabel, scale = metric_axis(metric)
-    styles = algorithm_styles(list(runs))
     fig = Figure(figsize=(7.5, 4.8), layout="tight")
-    ax = fig.subplots()
-    all_x: list[float] = []
-    for label in sorted(runs):
-        curve = seed_curve(runs[label], metric, x)
-        if curve.x:
-            _draw_curve(ax, curve, label, styles[label], scale)
-            all_x.extend(curve.x)
-    if not all_x:
-        ax.text(0.5, 0.5, f"no {metric} measured", ha="center", va="center", transform=ax.transAxes)
-    elif x == GIB_COLUMN and _wide_span(all_x):
-        ax.set_xscale("log")
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.grid(True, which="major", alpha=0.35)
-    ax.grid(True, which="minor", alpha=0.12)
-    if all_x:
-        ax.legend(loc="best", fontsize="small", framealpha=0.9)
+    _panel(fig.subplots(), runs, metric=metric, x=x, xlabel=xlabel, title=title)
     save_figure(fig, path)
 
 
@@ -220,6 +259,98 @@ def plot_accuracy_vs_round(
     """Plot ``metric`` (the y column) against the communication round as a PNG at ``path``;
     ``title`` defaults to one naming the metric."""
     _plot_against(runs, path, metric, title, "round", "Round", "round")
+
+
+SIM_ELAPSED = "time/sim_elapsed_s"  # simulated seconds since the start (runs with `system`)
+SIM_HOURS = "sim_hours"  # the x of the simulated-time panel: SIM_ELAPSED / 3600
+
+
+def has_sim_time(runs: Runs) -> bool:
+    """True when any seed of any run has simulated elapsed time (a ``system`` section)."""
+    return any(
+        SIM_ELAPSED in t.columns and t[SIM_ELAPSED].drop_nulls().len() > 0
+        for tables in runs.values()
+        for t in tables
+    )
+
+
+def sim_time_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
+    """Seeds aligned on the simulated clock, reduced to mean and SE of ``metric``.
+
+    Seeds of one run reach a round at different simulated times (each draws its own clients'
+    links, compute and availability), so they are not averaged by round: at every time ``t`` at
+    which some seed evaluated, each seed contributes its latest evaluation at or before ``t``
+    (a step function: what that seed's model scored at time ``t``). Only times from the last
+    seed's first evaluation to the first seed's last evaluation are kept, so every point
+    averages every seed (one seed: all its evaluations).
+
+    Args:
+        tables: one rounds table per seed (``round``, ``time/sim_elapsed_s`` and ``metric``).
+        metric: the y column.
+
+    Returns:
+        The :class:`Curve` with ``x`` in simulated hours (empty when no seed has both columns).
+    """
+    parts = [
+        t.select(
+            (pl.col(SIM_ELAPSED).cast(pl.Float64) / 3600.0).alias("t"),
+            pl.col(metric).cast(pl.Float64).fill_nan(None).alias("y"),
+        )
+        .drop_nulls()
+        .sort("t")
+        for t in tables
+        if metric in t.columns and SIM_ELAPSED in t.columns
+    ]
+    parts = [p for p in parts if p.height]
+    if not parts:
+        return Curve([], [], [], len(tables))
+    start = max(float(p["t"][0]) for p in parts)
+    stop = min(float(p["t"][-1]) for p in parts)
+    grid = pl.DataFrame({"t": sorted({v for p in parts for v in p["t"].to_list()})})
+    grid = grid.filter((pl.col("t") >= start) & (pl.col("t") <= stop))
+    steps = [
+        grid.join_asof(p.unique("t", keep="last"), on="t", strategy="backward")["y"] for p in parts
+    ]
+    stacked = pl.DataFrame({f"s{i}": s for i, s in enumerate(steps)})
+    cols = [pl.col(c) for c in stacked.columns]
+    stats = stacked.select(
+        pl.mean_horizontal(cols).alias("mean"),
+        pl.concat_list(cols).list.std(ddof=1).fill_null(0.0).alias("std"),
+    )
+    n = len(parts)
+    se = [s / n**0.5 if n > 1 else 0.0 for s in stats["std"].to_list()]
+    return Curve(grid["t"].to_list(), stats["mean"].to_list(), se, len(tables))
+
+
+def plot_accuracy_vs_gib_and_sim_time(
+    runs: Runs, path: Path, *, metric: str = ACCURACY, title: str | None = None
+) -> None:
+    """Two panels side by side, same runs, same colours: ``metric`` against cumulative GiB (up +
+    down) and against simulated hours (:func:`sim_time_curve`), with ±1 SE bands over seeds; a
+    PNG at ``path``. For runs with a ``system`` section (issue 30)."""
+    name = metric_axis(metric)[0].removesuffix(" (%)")
+    fig = Figure(figsize=(13.0, 4.8), layout="constrained")
+    left, right = fig.subplots(1, 2, sharey=True)
+    _panel(
+        left,
+        runs,
+        metric=metric,
+        x=GIB_COLUMN,
+        xlabel="Cumulative communication, up + down (GiB)",
+        title="against bytes",
+    )
+    _panel(
+        right,
+        runs,
+        metric=metric,
+        x=SIM_HOURS,
+        xlabel="Simulated time (h): links, compute, availability, deadline",
+        title="against simulated time (each seed's latest evaluation)",
+        legend=False,
+    )
+    right.set_ylabel("")
+    fig.suptitle(title or f"{name}: communication and simulated time")
+    save_figure(fig, path)
 
 
 def _plot_against(

@@ -1,5 +1,6 @@
 """The markdown sections every summary shares: best accuracy within communication budgets and
-upload caps, upload per client per round, and the rounds, GiB and time to reach targets.
+upload caps, upload per client per round, and the rounds, GiB and time to reach targets; for
+runs with a ``system`` section, their simulated clock and accuracy within simulated-time budgets.
 
 Used by the summarize stage (:mod:`fedcomm.summarize`) and by cross-experiment comparisons
 (:mod:`fedcomm.reporting.compare`); both pass per-run lists of seed summaries.
@@ -7,6 +8,7 @@ Used by the summarize stage (:mod:`fedcomm.summarize`) and by cross-experiment c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,14 +61,16 @@ def upload_section(aggs: dict[str, dict[str, Any]]) -> str:
     return "## Upload per client per round\n\n" + "\n".join(rows)
 
 
-def best_within_table(aggs: dict[str, dict[str, Any]], section: str) -> str | None:
+def best_within_table(
+    aggs: dict[str, dict[str, Any]], section: str, unit: str = "GiB"
+) -> str | None:
     """A markdown table of best global accuracy (%), rows = runs, columns = the limits found
-    (GiB) under ``section`` of the aggregated summaries (``at_budget``, ``at_upload_cap``);
-    ``None`` when no run has any."""
+    (in ``unit``) under ``section`` of the aggregated summaries (``at_budget``,
+    ``at_upload_cap``, ``at_time_budget``); ``None`` when no run has any."""
     limits = sorted({k for a in aggs.values() for k in a.get(section, {})}, key=float)
     if not limits:
         return None
-    rows = ["| Run | " + " | ".join(f"≤ {k} GiB" for k in limits) + " |"]
+    rows = ["| Run | " + " | ".join(f"≤ {k} {unit}" for k in limits) + " |"]
     rows.append("|---|" + "---:|" * len(limits))
     for run, agg in aggs.items():
         cells = [agg.get(section, {}).get(k) or {} for k in limits]
@@ -100,31 +104,125 @@ def budget_and_target_sections(
             + caps
         )
     sections.append(upload_section(aggs))
+    simulated = any("sim" in a for a in aggs.values())
+    if simulated:
+        sections += sim_time_sections(aggs, summaries, metric)
     targets = sorted({t for a in aggs.values() for t in a.get("to_target", {})}, key=float)
     if targets:
-        rows = [
-            "| Run | Target | Seeds reaching | Round | GiB | Time-to-accuracy (s) |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for run, agg in aggs.items():
-            for t in targets:
-                node = agg.get("to_target", {}).get(t) or {}
-                reached = (node.get("round") or {}).get("n", 0)
-                vals = [
-                    _fmt((node.get(k) or {}).get("mean"), (node.get(k) or {}).get("se"), False)
-                    for k in ("round", "gib", "tta_s")
-                ]
-                rows.append(
-                    f"| `{run}` | {float(t):.0%} | {reached}/{len(summaries[run])} | "
-                    + " | ".join(vals)
-                    + " |"
-                )
-        sections.append(
-            f"## Reaching a target {metric}\n\n"
-            "Mean ± standard error over the seeds that reached it; "
-            "time-to-accuracy under the link model of `evaluate.link`.\n\n" + "\n".join(rows)
-        )
+        sections.append(_targets_section(aggs, summaries, metric, targets, simulated))
     return sections
+
+
+def _targets_section(
+    aggs: dict[str, dict[str, Any]],
+    summaries: dict[str, list[dict[str, Any]]],
+    metric: str,
+    targets: list[str],
+    simulated: bool,
+) -> str:
+    """Round, GiB, post-hoc time-to-accuracy and (runs with a ``system`` section) simulated
+    hours to each target; the seeds that never reached it are left out of the mean."""
+    keys = ["round", "gib", "tta_s", *(["sim_h"] if simulated else [])]
+    header = "| Run | Target | Seeds reaching | Round | GiB | Time-to-accuracy (s) |"
+    rows = [
+        header + (" Simulated time (h) |" if simulated else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if simulated else ""),
+    ]
+    for run, agg in aggs.items():
+        for t in targets:
+            node = agg.get("to_target", {}).get(t) or {}
+            reached = (node.get("round") or {}).get("n", 0)
+            vals = [
+                _fmt((node.get(k) or {}).get("mean"), (node.get(k) or {}).get("se"), False)
+                for k in keys
+            ]
+            rows.append(
+                f"| `{run}` | {float(t):.0%} | {reached}/{len(summaries[run])} | "
+                + " | ".join(vals)
+                + " |"
+            )
+    text = (
+        "Mean ± standard error over the seeds that reached it; "
+        "time-to-accuracy under the link model of `evaluate.link`."
+    )
+    if simulated:
+        text = (
+            "Mean ± standard error over the seeds that reached it. Two clocks: "
+            "**Time-to-accuracy (s)** is the post-hoc model of `evaluate.link`, the special case "
+            "of one uniform link for every client with no deadline, no availability and no "
+            "simulated compute (each round: the slowest client's measured training time on this "
+            "machine + the largest download and upload over the link + the server's time); "
+            "**Simulated time (h)** is the run's own `system` clock (`time/sim_elapsed_s` after "
+            "the first round that reached the target: each client's links, compute, "
+            "availability and the round's deadline, as trained)."
+        )
+    return f"## Reaching a target {metric}\n\n{text}\n\n" + "\n".join(rows)
+
+
+_SIM_COLUMNS = (
+    ("elapsed_h", "Simulated time (h)", False),
+    ("round_s_mean", "Round, mean (s)", False),
+    ("sampled", "Sampled / round", False),
+    ("online", "Online / round", False),
+    ("finished", "Finished / round", False),
+    ("dropped", "Dropped / round", False),
+    ("partial", "Partial / round", False),
+    ("dropped_share", "Dropped (% of sampled)", True),
+)
+
+
+def _plain(value: float, digits: int = 3) -> str:
+    """``digits`` significant digits without an exponent: 1500, 2.5, 0.667."""
+    if value == 0:
+        return "0"
+    places = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{places}f}"
+
+
+def _sim_cell(node: Any, pct: bool) -> str:
+    """``mean ± se`` of an aggregated leaf (``–`` when missing)."""
+    node = node if isinstance(node, dict) else {}
+    mean, se = node.get("mean"), node.get("se")
+    if mean is None:
+        return "–"
+    if pct:
+        return _fmt(mean, se, True)
+    return f"{_plain(mean)} ± {_plain(se, 2)}" if se else _plain(mean)
+
+
+def sim_time_sections(
+    aggs: dict[str, dict[str, Any]],
+    summaries: dict[str, list[dict[str, Any]]],
+    metric: str = "global accuracy",
+) -> list[str]:
+    """The simulated clock of runs with a ``system`` section (issue 30): per run, simulated
+    hours, mean simulated round and clients per round (mean ± SE over seeds), then the best
+    ``metric`` within each simulated-time budget (``evaluate.time_budgets_h``). Runs without
+    simulated time show ``–``."""
+    rows = ["| Run | Seeds | " + " | ".join(h for _, h, _ in _SIM_COLUMNS) + " |"]
+    rows.append("|---|---:|" + "---:|" * len(_SIM_COLUMNS))
+    for run, agg in aggs.items():
+        sim = agg.get("sim") or {}
+        cells = [_sim_cell(sim.get(k), pct) for k, _, pct in _SIM_COLUMNS]
+        rows.append(f"| `{run}` | {len(summaries[run])} | " + " | ".join(cells) + " |")
+    out = [
+        "## Simulated time\n\n"
+        "The `system` section's clock (each client's download, compute and upload of the bits "
+        "its codec encoded, its availability and the round's deadline): simulated hours of the "
+        "whole run, the mean simulated round, and clients per round, mean ± standard error over "
+        "seeds. Dropped = sampled clients whose update was not aggregated (a straggler past the "
+        "deadline, or beyond the first K of an over-selected round); partial = aggregated after "
+        "fewer local steps than configured.\n\n" + "\n".join(rows)
+    ]
+    budgets = best_within_table(aggs, "at_time_budget", "h")
+    if budgets:
+        out.append(
+            f"## Best {metric} (%) within a simulated-time budget\n\n"
+            "Best evaluation whose simulated elapsed time (`time/sim_elapsed_s`) is within the "
+            "budget (hours, `evaluate.time_budgets_h`): the rule of the GiB budgets, on the "
+            "simulated clock.\n\n" + budgets
+        )
+    return out
 
 
 @dataclass(frozen=True)

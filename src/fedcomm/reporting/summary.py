@@ -15,7 +15,13 @@ import polars as pl
 
 from fedcomm.atomic import write_text
 from fedcomm.evaluation.summaries import aggregate_seeds
-from fedcomm.reporting.plots import metric_axis, plot_accuracy_vs_gib, plot_accuracy_vs_round
+from fedcomm.reporting.plots import (
+    has_sim_time,
+    metric_axis,
+    plot_accuracy_vs_gib,
+    plot_accuracy_vs_gib_and_sim_time,
+    plot_accuracy_vs_round,
+)
 
 Kind = Literal["percent", "gib"]
 
@@ -35,6 +41,11 @@ PLOTS = (
     ("global_accuracy_vs_gib.png", "Global accuracy vs communication"),
     ("local_accuracy_vs_gib.png", "Local accuracy vs communication"),
     ("accuracy_vs_round.png", "Global accuracy vs round"),
+)
+# only when the runs have simulated time (a ``system`` section)
+SIM_PLOT = (
+    "accuracy_vs_gib_and_sim_time.png",
+    "Global accuracy vs communication and vs simulated time",
 )
 
 
@@ -218,15 +229,22 @@ def write_report(
             (:func:`last_k_finals`); None: the summaries' own final (the last measured round).
 
     Returns:
-        The written paths: the three plots, then ``summary.md``.
+        The written paths: the three plots (four when the runs have simulated time: accuracy
+        against GiB beside accuracy against simulated hours), then ``summary.md``.
     """
     plot_dir = out_dir / "plots"
     gib_global, gib_local, by_round = (plot_dir / name for name, _ in PLOTS)
     plot_accuracy_vs_gib(per_algorithm_rounds, gib_global, metric=metric)
     plot_accuracy_vs_gib(per_algorithm_rounds, gib_local, metric="local/accuracy")
     plot_accuracy_vs_round(per_algorithm_rounds, by_round, metric=metric)
+    plots, written = list(PLOTS), [gib_global, gib_local, by_round]
+    if has_sim_time(per_algorithm_rounds):
+        sim_plot = plot_dir / SIM_PLOT[0]
+        plot_accuracy_vs_gib_and_sim_time(per_algorithm_rounds, sim_plot, metric=metric)
+        plots.insert(1, SIM_PLOT)
+        written.append(sim_plot)
     label = metric_axis(metric)[0].removesuffix(" (%)")  # "Top-k accuracy"
-    captions = [c.replace("Global accuracy", label) for _, c in PLOTS]
+    captions = [c.replace("Global accuracy", label) for _, c in plots]
     if last_k is not None:
         per_algorithm_summaries = last_k_finals(
             per_algorithm_rounds, per_algorithm_summaries, last_k
@@ -234,11 +252,11 @@ def write_report(
     markdown = render_markdown(
         summary_table(per_algorithm_summaries),
         title=title,
-        plots=[(c, f"plots/{name}") for (name, _), c in zip(PLOTS, captions, strict=True)],
+        plots=[(c, f"plots/{name}") for (name, _), c in zip(plots, captions, strict=True)],
         notes=notes,
         sections=sections,
         last_k=last_k,
     )
     summary = out_dir / "summary.md"
     write_text(summary, markdown)
-    return [gib_global, gib_local, by_round, summary]
+    return [*written, summary]
