@@ -82,6 +82,8 @@ def trials_frame(study: optuna.Study, sweep: Sweep) -> pl.DataFrame:
             row[f"param:{key}"] = None if v is None else str(v) if isinstance(v, str) else v
         for key in ATTR_COLUMNS:
             row[key] = t.user_attrs.get(key)
+        if sweep.objective.sim_time:  # the trial's simulated hours (mean over its seeds)
+            row["sim_elapsed_h"] = t.user_attrs.get("sim_elapsed_h")
         rows.append(row)
     frame = pl.DataFrame(rows, infer_schema_length=None)
     return frame.with_columns(pareto=pareto_mask(frame, sweep)) if rows else frame
@@ -96,8 +98,10 @@ def _acc_gib(frame: pl.DataFrame, sweep: Sweep) -> tuple[pl.Series, pl.Series]:
 
 def pareto_mask(frame: pl.DataFrame, sweep: Sweep) -> pl.Series:
     """True for complete trials no other complete trial dominates (accuracy ≥ and GiB ≤, one
-    strictly)."""
+    strictly; a minimized first objective, simulated hours to a target, counts as ≤)."""
     acc, gib = _acc_gib(frame, sweep)
+    if not sweep.objective.maximize:
+        acc = -acc
     ok = [
         s == "COMPLETE" and a is not None and g is not None
         for s, a, g in zip(frame["state"], acc, gib, strict=True)
@@ -126,13 +130,14 @@ def plot_pareto(frame: pl.DataFrame, sweep: Sweep, path: Path) -> None:
     fig = Figure(figsize=(7.5, 4.8), layout="tight")
     ax = fig.subplots()
     name = sweep.objective.label
+    scale = 100.0 if sweep.objective.maximize else 1.0
     if frame.height and "pareto" in frame.columns:
         acc, gib = _acc_gib(frame, sweep)
         done = (frame["state"] == "COMPLETE") & acc.is_not_null() & gib.is_not_null()
-        xs, ys = gib.filter(done).to_list(), (100 * acc.filter(done)).to_list()
+        xs, ys = gib.filter(done).to_list(), (scale * acc.filter(done)).to_list()
         ax.scatter(xs, ys, s=28, color="#9aa0a6", label="trials", zorder=2)
         front = frame.filter(done & frame["pareto"]).with_columns(
-            _a=100 * acc.filter(done & frame["pareto"]), _g=gib.filter(done & frame["pareto"])
+            _a=scale * acc.filter(done & frame["pareto"]), _g=gib.filter(done & frame["pareto"])
         )
         front = front.sort("_g")
         ax.step(front["_g"], front["_a"], where="post", color="#d62728", linewidth=1.6, zorder=3)
@@ -148,7 +153,7 @@ def plot_pareto(frame: pl.DataFrame, sweep: Sweep, path: Path) -> None:
     ax.set(
         title=f"Study {sweep.study}: {name} vs communication",
         xlabel=f"Communication per run, {comm} (GiB)",
-        ylabel=f"{name} (%)",
+        ylabel=f"{name} ({sweep.objective.unit})",
     )
     ax.grid(True, alpha=0.3)
     if frame.height and (frame["state"] == "COMPLETE").any():
@@ -162,13 +167,14 @@ def plot_history(frame: pl.DataFrame, sweep: Sweep, path: Path) -> None:
     ax = fig.subplots()
     name = sweep.objective.label
     col = f"value:{sweep.objective.names[0]}"
+    maximize = sweep.objective.maximize
     if frame.height and col in frame.columns:
         done = frame.filter(pl.col("state") == "COMPLETE").sort("number")
-        ys = [100 * v for v in done[col].cast(pl.Float64).to_list()]
+        ys = [(100 * v if maximize else v) for v in done[col].cast(pl.Float64).to_list()]
         ax.scatter(done["number"], ys, s=24, color="#1f77b4", label="complete", zorder=3)
-        best, running = [], -math.inf
+        best, running = [], -math.inf if maximize else math.inf
         for y in ys:
-            running = max(running, y)
+            running = max(running, y) if maximize else min(running, y)
             best.append(running)
         ax.step(done["number"], best, where="post", color="#d62728", label="best so far")
         pruned = frame.filter(pl.col("state") == "PRUNED")["number"].to_list()
@@ -177,7 +183,11 @@ def plot_history(frame: pl.DataFrame, sweep: Sweep, path: Path) -> None:
         if pruned:
             ax.plot([], [], color="#9aa0a6", alpha=0.6, label="pruned")
         legend_outside(ax)
-    ax.set(title=f"Study {sweep.study}: optimisation history", xlabel="trial", ylabel=f"{name} (%)")
+    ax.set(
+        title=f"Study {sweep.study}: optimisation history",
+        xlabel="trial",
+        ylabel=f"{name} ({sweep.objective.unit})",
+    )
     ax.grid(True, alpha=0.3)
     save_figure(fig, path)
 
@@ -245,9 +255,9 @@ def _table(frame: pl.DataFrame, sweep: Sweep) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for row in frame.iter_rows(named=True):
         cells = [str(row["number"])]
-        for n in names:
+        for i, n in enumerate(names):
             v = row.get(f"value:{n}")
-            cells.append("–" if v is None else f"{100 * v:.2f}%" if "accuracy" in n else f"{v:.4g}")
+            cells.append("–" if v is None else sweep.objective.shown(v) if i == 0 else f"{v:.4g}")
         if gib:
             total = row.get("total_gib")
             cells.append("–" if total is None else f"{total:.4g}")
@@ -272,14 +282,15 @@ def render_summary(frame: pl.DataFrame, sweep: Sweep, best: FrozenTrial | None) 
     ]
     if best is not None:
         got = ", ".join(
-            f"{n} = {100 * v:.2f}%" if i == 0 else f"{n} = {v:.4g}"
+            f"{n} = {sweep.objective.shown(v)}" if i == 0 else f"{n} = {v:.4g}"
             for i, (n, v) in enumerate(zip(_headers(sweep), best.values, strict=True))
         )
         lines += [f"Best trial: **#{best.number}** ({got}); `best_params.yaml` has its values.", ""]
     done = frame.filter(pl.col("state") == "COMPLETE") if frame.height else frame
     if done.height:
         col = f"value:{sweep.objective.names[0]}"
-        lines += ["## Top trials", "", *_table(done.sort(col, descending=True).head(10), sweep), ""]
+        top = done.sort(col, descending=sweep.objective.maximize).head(10)
+        lines += ["## Top trials", "", *_table(top, sweep), ""]
         front = done.filter(pl.col("pareto")).sort("total_gib")
         lines += ["## Pareto front (accuracy up, GiB down)", "", *_table(front, sweep), ""]
     lines += ["## Plots", "", "![Pareto front](pareto.png)", "", "![History](history.png)", ""]

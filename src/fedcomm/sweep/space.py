@@ -111,27 +111,64 @@ Distribution = Annotated[FloatDist | IntDist | CategoricalDist, Field(discrimina
 METRICS = ("global/accuracy", "local/accuracy", "topk/accuracy")
 
 
+SIM_TIME_REDUCES = ("at_time_budget", "time_to_target")  # need the base's `system` section
+_ONLY_WITH = {  # field -> the reduce that reads it
+    "budget_gib": "at_budget",
+    "budget_h": "at_time_budget",
+    "target": "time_to_target",
+    "penalty_h": "time_to_target",
+}
+
+
 class Objective(_Strict):
     """``objective``: what a trial returns.
 
     ``single``: ``metric`` reduced by ``reduce`` (``final`` = last evaluated round, ``best`` = its
-    maximum, ``at_budget`` = best within ``budget_gib`` of cumulative up + down traffic), maximized,
-    mean over the trial's seeds. ``multi``: that accuracy (maximized) and the GiB a run sent
+    maximum, ``at_budget`` = best within ``budget_gib`` of cumulative up + down traffic,
+    ``at_time_budget`` = best within ``budget_h`` simulated hours), maximized, mean over the
+    trial's seeds; or ``time_to_target``: the simulated hours until ``metric`` first reaches
+    ``target``, minimized (a seed that never reaches it counts ``penalty_h`` hours, or, without
+    ``penalty_h``, the trial is pruned). The two simulated-time reduces need a base params file
+    with a ``system`` section. ``multi``: that accuracy (maximized) and the GiB a run sent
     (``comm: total`` up + down, or ``up``; minimized): a Pareto front, no pruning.
     """
 
     kind: Literal["single", "multi"] = "single"
     metric: Literal["global/accuracy", "local/accuracy", "topk/accuracy"] = "global/accuracy"
-    reduce: Literal["final", "best", "at_budget"] = "final"
+    reduce: Literal["final", "best", "at_budget", "at_time_budget", "time_to_target"] = "final"
     budget_gib: float | None = Field(None, gt=0)
+    budget_h: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="simulated hours (reduce: at_time_budget)"
+    )
+    target: float | None = Field(
+        None, gt=0, le=1, description="accuracy to reach (reduce: time_to_target)"
+    )
+    penalty_h: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="hours counted for a seed that never reaches target; null: prune the trial",
+    )
     comm: Literal["total", "up"] = "total"
 
     @model_validator(mode="after")
     def _budget(self) -> Objective:
         if self.reduce == "at_budget" and self.budget_gib is None:
             raise ValueError("reduce: at_budget needs budget_gib (GiB, up + down)")
-        if self.reduce != "at_budget" and self.budget_gib is not None:
-            raise ValueError(f"budget_gib is only read with reduce: at_budget (got {self.reduce})")
+        if self.reduce == "at_time_budget" and self.budget_h is None:
+            raise ValueError("reduce: at_time_budget needs budget_h (simulated hours)")
+        if self.reduce == "time_to_target" and self.target is None:
+            raise ValueError("reduce: time_to_target needs target (an accuracy in (0, 1])")
+        for key, reduce in _ONLY_WITH.items():
+            if self.reduce != reduce and getattr(self, key) is not None:
+                raise ValueError(
+                    f"{key} is only read with reduce: {reduce} (got reduce: {self.reduce})"
+                )
+        if self.reduce == "time_to_target" and self.kind == "multi":
+            raise ValueError(
+                "reduce: time_to_target is a single objective (simulated hours, minimized); "
+                "kind: multi pairs an accuracy with GiB (use reduce: at_time_budget for that)"
+            )
         return self
 
     @property
@@ -139,19 +176,49 @@ class Objective(_Strict):
         acc = f"{self.reduce}:{self.metric}"
         if self.reduce == "at_budget":
             acc = f"at_{self.budget_gib:g}gib:{self.metric}"
+        elif self.reduce == "at_time_budget":
+            acc = f"at_{self.budget_h:g}h:{self.metric}"
+        elif self.reduce == "time_to_target":
+            acc = f"sim_hours_to_{self.target:g}:{self.metric}"
         return [acc] if self.kind == "single" else [acc, f"comm/{self.comm}_gib"]
 
     @property
     def label(self) -> str:
-        """The accuracy objective in words: "Final global accuracy", "Best local accuracy"..."""
+        """The first objective in words: "Final global accuracy", "Best local accuracy",
+        "Simulated hours to 80% global accuracy"..."""
         what = self.metric.split("/")[0].replace("topk", "top-k") + " accuracy"
         if self.reduce == "at_budget":
             return f"Best {what} within {self.budget_gib:g} GiB"
+        if self.reduce == "at_time_budget":
+            return f"Best {what} within {self.budget_h:g} simulated hours"
+        if self.reduce == "time_to_target":
+            return f"Simulated hours to {100 * (self.target or 0):g}% {what}"
         return f"{self.reduce.capitalize()} {what}"
 
     @property
+    def sim_time(self) -> bool:
+        """True when the objective reads the simulated clock (the base needs ``system``)."""
+        return self.reduce in SIM_TIME_REDUCES
+
+    @property
+    def maximize(self) -> bool:
+        """False for ``time_to_target`` (hours, minimized), True for the accuracies."""
+        return self.reduce != "time_to_target"
+
+    def shown(self, value: float) -> str:
+        """The first objective's value as shown: an accuracy in percent, hours as hours."""
+        return f"{100 * value:.2f}%" if self.maximize else f"{value:.4g} h"
+
+    @property
+    def unit(self) -> str:
+        """The first objective's axis unit: ``%`` or ``h``."""
+        return "%" if self.maximize else "h"
+
+    @property
     def directions(self) -> list[Literal["maximize", "minimize"]]:
-        return ["maximize"] if self.kind == "single" else ["maximize", "minimize"]
+        if self.kind == "multi":
+            return ["maximize", "minimize"]
+        return ["maximize"] if self.maximize else ["minimize"]
 
 
 class Pruner(_Strict):
@@ -293,6 +360,11 @@ def load_sweep(path: Path, root: Path | None = None) -> tuple[Sweep, dict[str, A
                 f"(allowed: {sorted(base.algorithms)})"
             )
         full = base.model_dump(mode="json", by_alias=True)
+        if sweep is not None and sweep.objective.sim_time and full.get("system") is None:
+            problems.append(
+                f"  - objective.reduce={sweep.objective.reduce!r} reads the simulated clock, but "
+                f"{base_name} has no `system` section (add one, or use final / best / at_budget)"
+            )
         space = data.get("space")
         if isinstance(space, dict):
             problems += [f"  - {p}" for p in _key_problems(list(space), run, full)]

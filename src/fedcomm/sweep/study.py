@@ -48,7 +48,7 @@ from fedcomm.paths import project_root
 from fedcomm.sweep import outputs
 from fedcomm.sweep.outputs import counts
 from fedcomm.sweep.space import Sweep, load_sweep, trial_params
-from fedcomm.sweep.trial import Pruned, run_trial
+from fedcomm.sweep.trial import Pruned, TargetMissed, run_trial
 from fedcomm.tracking import mlflow as tracking
 
 PARENT_ATTR = "mlflow_parent_run_id"
@@ -333,6 +333,9 @@ def make_objective(
                 reporter=reporter,
                 on_run=lambda run_id: trial.set_user_attr("mlflow_run_id", run_id),
             )
+        except TargetMissed as stop:  # time_to_target without penalty_h: say why in the table
+            trial.set_user_attr("note", str(stop))
+            raise optuna.TrialPruned(str(stop)) from None
         except Pruned as stop:
             raise optuna.TrialPruned(str(stop)) from None
         except Exception as err:  # recorded on the trial; Optuna marks it FAIL and goes on

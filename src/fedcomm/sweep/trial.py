@@ -26,6 +26,13 @@ from fedcomm.atomic import file_lock
 from fedcomm.comm.bits import GIB
 from fedcomm.config import Params
 from fedcomm.data.federated import partition_hash
+from fedcomm.evaluation.sim_time import (
+    HOUR_S,
+    SIM_ELAPSED,
+    best_within_time,
+    has_sim_time,
+    sim_hours_to_target,
+)
 from fedcomm.evaluation.summaries import best_value, best_within_budget, last_value, run_table
 from fedcomm.experiment import (
     Paths,
@@ -57,9 +64,23 @@ Reporter = Callable[[int, int, float], bool]
 class Pruned(StopRun):
     """The pruner stopped the trial at ``round_`` (its MLflow runs end KILLED)."""
 
-    def __init__(self, round_: int) -> None:
-        super().__init__(f"pruned by the sweep's pruner after round {round_}")
+    def __init__(self, round_: int, reason: str | None = None) -> None:
+        super().__init__(reason or f"pruned by the sweep's pruner after round {round_}")
         self.round_ = round_
+
+
+class TargetMissed(Pruned):
+    """``reduce: time_to_target`` without ``penalty_h``: a seed finished without reaching the
+    target, so the trial has no time to report and is pruned (Optuna's samplers rank a pruned
+    trial below every completed one)."""
+
+    def __init__(self, round_: int, seed: int, objective: Objective) -> None:
+        super().__init__(
+            round_,
+            f"seed {seed} never reached {objective.metric} >= {objective.target:g} in "
+            f"{round_} rounds (objective {objective.names[0]}; set objective.penalty_h to count "
+            "such seeds instead of pruning)",
+        )
 
 
 @dataclass
@@ -86,9 +107,14 @@ class Intermediate:
     def __init__(self, objective: Objective) -> None:
         self.objective = objective
         self.value: float | None = None
+        self.reached = False  # time_to_target: the target was reached (value fixed)
 
     def update(self, metrics: Mapping[str, float | None]) -> float | None:
-        """Fold in one round; returns the running value if this round evaluated the metric."""
+        """Fold in one round; returns the running value if this round evaluated the metric.
+
+        ``time_to_target``: the simulated hours once the target is reached, and before that
+        the hours elapsed so far (a lower bound of the final value, minimized like it).
+        """
         v = metrics.get(self.objective.metric)
         if v is None or math.isnan(v):
             return None
@@ -97,31 +123,78 @@ class Intermediate:
             self.value = v
         elif reduce == "best":
             self.value = v if self.value is None else max(self.value, v)
+        elif reduce == "time_to_target":
+            self.value = self._time_to_target(v, metrics)
         else:
-            gib = metrics.get("comm/cum_gib") or 0.0
-            budget = self.objective.budget_gib or 0.0
-            if gib <= budget:
+            if reduce == "at_budget":
+                spent, budget = metrics.get("comm/cum_gib") or 0.0, self.objective.budget_gib
+            else:
+                spent, budget = _elapsed_h(metrics), self.objective.budget_h
+            if spent <= (budget or 0.0):
                 self.value = v if self.value is None else max(self.value, v)
             elif self.value is None:
                 self.value = 0.0  # the first evaluation already exceeds the budget
         return self.value
 
+    def _time_to_target(self, v: float, metrics: Mapping[str, float | None]) -> float:
+        if self.reached:
+            return self.value or 0.0
+        self.reached = v >= (self.objective.target or 0.0)
+        return _elapsed_h(metrics)
 
-def score(table: pl.DataFrame, objective: Objective) -> tuple[float, float, dict[str, Any]]:
-    """(accuracy objective, GiB objective, details) of one finished run's :func:`run_table`.
+
+def _elapsed_h(metrics: Mapping[str, float | None]) -> float:
+    """Simulated hours after this round (``time/sim_elapsed_s`` / 3600)."""
+    elapsed = metrics.get(SIM_ELAPSED)
+    if elapsed is None or math.isnan(elapsed):
+        raise ValueError(
+            f"round metrics have no {SIM_ELAPSED}: a simulated-time objective needs the "
+            "params' `system` section"
+        )
+    return elapsed / HOUR_S
+
+
+def score(
+    table: pl.DataFrame, objective: Objective, seed: int = 0
+) -> tuple[float, float, dict[str, Any]]:
+    """(first objective, GiB objective, details) of one finished run's :func:`run_table`.
 
     At a budget no evaluation fits in, the accuracy is 0 (and ``details['note']`` says so).
+    ``time_to_target``: the simulated hours to reach the target; a run that never does counts
+    ``objective.penalty_h`` (noted), or raises :class:`TargetMissed` without one.
     """
     m = objective.metric
     details: dict[str, Any] = {}
+    if objective.sim_time and not has_sim_time(table):
+        raise ValueError(
+            f"objective {objective.names[0]} reads {SIM_ELAPSED}, which the run did not "
+            "record (its params need a `system` section)"
+        )
     if objective.reduce == "final":
         acc = last_value(table, m)
     elif objective.reduce == "best":
         acc = best_value(table, m)[0]
-    else:
-        acc = best_within_budget(table, m, objective.budget_gib or 0.0)
+    elif objective.reduce == "time_to_target":
+        if last_value(table, m) is None:
+            raise ValueError(f"the run never measured {m} (check train.eval_every / evaluation)")
+        acc = sim_hours_to_target(table, m, objective.target or 0.0)
+        if acc is None and objective.penalty_h is None:
+            raise TargetMissed(int(table["round"][-1]), seed, objective)
         if acc is None:
-            details["note"] = f"no evaluation within {objective.budget_gib} GiB"
+            details["note"] = (
+                f"target {objective.target:g} not reached: counted penalty_h = "
+                f"{objective.penalty_h:g} h"
+            )
+            acc = objective.penalty_h
+    else:
+        if objective.reduce == "at_budget":
+            acc, within = best_within_budget(table, m, objective.budget_gib or 0.0), "GiB"
+            limit = objective.budget_gib
+        else:
+            acc, within = best_within_time(table, m, objective.budget_h or 0.0), "simulated h"
+            limit = objective.budget_h
+        if acc is None:
+            details["note"] = f"no evaluation within {limit} {within}"
             acc = 0.0
     if acc is None:
         raise ValueError(f"the run never measured {m} (check train.eval_every / evaluation)")
@@ -136,6 +209,8 @@ def score(table: pl.DataFrame, objective: Objective) -> tuple[float, float, dict
         "up_gib": up,
         "sparsity": last_value(table, "model/sparsity"),
     }
+    if has_sim_time(table):
+        details["sim_elapsed_h"] = last_value(table, SIM_ELAPSED) / HOUR_S  # type: ignore[operator]
     return acc, gib, details
 
 
@@ -209,7 +284,7 @@ def run_trial(
                 pl.read_parquet(out / "ledger.parquet"),
                 pl.read_parquet(out / "clients.parquet"),
             )
-            acc, gib, details = score(table, sweep.objective)
+            acc, gib, details = score(table, sweep.objective, seed)
             per_seed.append(
                 {
                     "seed": seed,
@@ -303,6 +378,9 @@ def _mean_details(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     for k in DETAIL_KEYS:
         vals = [float(s[k]) for s in per_seed if isinstance(s.get(k), int | float)]
         out[k] = sum(vals) / len(vals) if vals else None
+    sim = [float(s["sim_elapsed_h"]) for s in per_seed if "sim_elapsed_h" in s]
+    if sim:  # runs with a `system` section: their simulated hours
+        out["sim_elapsed_h"] = sum(sim) / len(sim)
     notes = sorted({s["note"] for s in per_seed if "note" in s})
     if notes:
         out["note"] = "; ".join(notes)
