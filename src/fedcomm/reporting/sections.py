@@ -172,11 +172,14 @@ _SIM_COLUMNS = (
 
 
 def _plain(value: float, digits: int = 3) -> str:
-    """``digits`` significant digits without an exponent: 1500, 2.5, 0.667."""
+    """``digits`` significant digits, without an exponent from 0.001 to 10**6 (1500, 2.5,
+    0.667), with one outside (3.63e-06)."""
     if value == 0:
         return "0"
-    places = max(0, digits - 1 - math.floor(math.log10(abs(value))))
-    return f"{value:.{places}f}"
+    magnitude = math.floor(math.log10(abs(value)))
+    if not -3 <= magnitude < 6:
+        return f"{value:.{digits}g}"
+    return f"{value:.{max(0, digits - 1 - magnitude)}f}"
 
 
 def _sim_cell(node: Any, pct: bool) -> str:

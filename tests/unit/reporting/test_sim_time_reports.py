@@ -10,9 +10,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import yaml
 
 from fedcomm.comm.ledger import SCHEMA as LEDGER_SCHEMA
-from fedcomm.config import ConfigError, Params, validate_params
+from fedcomm.config import ConfigError, Params, load_params, validate_params
 from fedcomm.evaluation.sim_time import (
     best_within_time,
     sim_hours_to_target,
@@ -20,7 +21,7 @@ from fedcomm.evaluation.sim_time import (
     sim_time_summary,
 )
 from fedcomm.evaluation.summaries import summarize_run
-from fedcomm.experiment import Paths
+from fedcomm.experiment import Paths, evaluate_stage, partition_stage, train_stage
 from fedcomm.reporting.plots import sim_time_curve
 from fedcomm.summarize import summarize_stage
 from tests.conftest import tiny_params
@@ -160,3 +161,41 @@ def test_seeds_are_aligned_on_the_simulated_clock() -> None:
 def test_time_budgets_are_checked_at_the_boundary(bad: list[object]) -> None:
     with pytest.raises(ConfigError, match=r"evaluate\.time_budgets_h"):
         _params(**{"evaluate.time_budgets_h": bad})
+
+
+@pytest.mark.skipif("system" not in Params.model_fields, reason="params have no system section yet")
+def test_a_trained_run_with_a_system_section_end_to_end(project: Path) -> None:
+    """Train, evaluate and summarize the tiny experiment under ``system: {}`` (every client on
+    the default links and reference compute): the summaries are the rounds table's clock."""
+    raw = tiny_params(
+        **{
+            "tracking.enabled": False,
+            "experiment.runs": ["fedavg"],
+            "experiment.seeds": [0, 1],
+            "system": {},
+            "evaluate.targets": [0.01],
+            "evaluate.time_budgets_h": [1e6],
+        }
+    )
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    params = load_params(project / "params.yaml")
+    partition_stage(params)
+    tables = []
+    for seed in params.experiment.seeds:
+        train_stage(params, "fedavg", seed, show_progress=False)
+        evaluate_stage(params, "fedavg", seed)
+        tables.append(pl.read_parquet(project / "runs" / f"fedavg-s{seed}/train/rounds.parquet"))
+    summarize_stage(params)
+    metrics = json.loads((project / "reports" / "metrics.json").read_text())["fedavg"]
+    best = [max(t["global/accuracy"].drop_nulls()) for t in tables]  # 1e6 h: every evaluation
+    assert metrics["at_time_budget_h"]["1e+06"] == pytest.approx(sum(best) / 2)
+    elapsed = [float(t.sort("round")["time/sim_elapsed_s"][-1]) / H for t in tables]
+    assert metrics["sim"]["elapsed_h"] == pytest.approx(sum(elapsed) / 2)
+    curves = pl.read_csv(project / "reports" / "curves.csv").filter(pl.col("seed") == 0)
+    evaluated = tables[0].filter(pl.col("global/accuracy").is_not_null()).sort("round")
+    assert curves["sim_elapsed_s"].to_list() == pytest.approx(
+        evaluated["time/sim_elapsed_s"].to_list()
+    )
+    text = (project / "reports" / "summary.md").read_text()
+    assert "## Simulated time" in text and "accuracy_vs_gib_and_sim_time.png" in text
+    assert (project / "reports" / "plots" / "accuracy_vs_gib_and_sim_time.png").stat().st_size
