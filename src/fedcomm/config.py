@@ -33,6 +33,7 @@ from fedcomm.comm.compressors.config import (  # noqa: F401  (part of the params
 from fedcomm.errors import InputError, one_line
 from fedcomm.evaluation.caps import CapAxis
 from fedcomm.simulation.device import DEVICE_PATTERN
+from fedcomm.system.config import SystemConfig
 
 
 class Strict(BaseModel):
@@ -565,6 +566,11 @@ class Params(Strict):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     summarize: SummarizeConfig = Field(default_factory=SummarizeConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    system: SystemConfig | None = Field(
+        None,
+        description="simulated client links, compute, availability and round policy "
+        "(docs/system.md); absent: no simulated time, every number as without it",
+    )
 
     @model_validator(mode="after")
     def _runs_exist(self) -> Params:

@@ -26,7 +26,7 @@ from fedcomm.algorithms.base import split_members
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, Params, keyed, model_options
-from fedcomm.data.datasets import load_dataset
+from fedcomm.data.datasets import load_dataset, resolve_root
 from fedcomm.data.federated import (
     Partition,
     PartitionSpec,
@@ -306,6 +306,8 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         precision=t.precision,
         on_divergence=t.on_divergence,
         divergence_loss=t.divergence_loss,
+        system=params.system,
+        data_root=resolve_root(params.data.root) if params.system is not None else None,
     )
 
 

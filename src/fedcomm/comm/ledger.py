@@ -1,8 +1,12 @@
 """The communication ledger: one row per message, as a polars table.
 
-Schema: ``round, client_id, direction, payload_bits, index_bits, meta_bits, dense_bits``.
-``dense_bits`` is the size the same content would have had sent densely (the reference for
-compression ratios). Totals are summarised per round and cumulatively in bytes and GiB.
+Schema: ``round, client_id, direction, payload_bits, index_bits, meta_bits, dense_bits, status,
+encoded_bits``. ``dense_bits`` is the size the same content would have had sent densely (the
+reference for compression ratios). The bit columns count what went over the link: ``status`` is
+``sent`` for every message unless a ``system`` section's round dropped a client (issue 30): its
+uplink is then ``not_sent`` (0 bits) or ``partial`` (the bits it had sent when the round closed,
+all counted as payload), and ``encoded_bits`` keeps what its codec encoded either way. Totals
+are summarised per round and cumulatively in bytes and GiB.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from fedcomm.comm import bits
 from fedcomm.comm.payload import Payload
 
 Direction = Literal["down", "up"]
+Status = Literal["sent", "not_sent", "partial"]
 
 SCHEMA: dict[str, pl.DataType] = {
     "round": pl.Int32(),
@@ -27,22 +32,40 @@ SCHEMA: dict[str, pl.DataType] = {
     "index_bits": pl.Int64(),
     "meta_bits": pl.Int64(),
     "dense_bits": pl.Int64(),
+    "status": pl.String(),
+    "encoded_bits": pl.Int64(),
 }
+Row = tuple[int, int, str, int, int, int, int, str, int]
 
 
 @dataclass
 class Ledger:
     """Append-only message log. Rows are plain tuples until :meth:`frame` is asked for."""
 
-    rows: list[tuple[int, int, str, int, int, int, int]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
 
-    def record(self, round_: int, client_id: int, direction: Direction, payload: Payload) -> int:
-        """Add one message; returns its total bits."""
+    def record(
+        self,
+        round_: int,
+        client_id: int,
+        direction: Direction,
+        payload: Payload,
+        *,
+        status: Status = "sent",
+        sent_bits: int = 0,
+    ) -> int:
+        """Add one message; returns the bits that went over the link (all of them when
+        ``sent``; ``sent_bits`` of them when ``partial``; none when ``not_sent``)."""
         n = payload.nbits()
+        bits_ = (n.payload, n.index, n.meta)
+        if status == "not_sent":
+            bits_ = (0, 0, 0)
+        elif status == "partial":
+            bits_ = (min(sent_bits, n.total), 0, 0)
         self.rows.append(
-            (round_, client_id, direction, n.payload, n.index, n.meta, payload.dense_bits())
+            (round_, client_id, direction, *bits_, payload.dense_bits(), status, n.total)
         )
-        return n.total
+        return sum(bits_)
 
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(self.rows, schema=SCHEMA, orient="row")

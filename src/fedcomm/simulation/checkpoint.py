@@ -29,7 +29,9 @@ class RunState:
     round_: int = 0
     server: Any = None
     clients: dict[int, Any] = field(default_factory=dict)
-    ledger_rows: list[tuple[int, int, str, int, int, int, int]] = field(default_factory=list)
+    ledger_rows: list[tuple[int, int, str, int, int, int, int, str, int]] = field(
+        default_factory=list
+    )
     round_rows: list[dict[str, Any]] = field(default_factory=list)
     client_rows: list[dict[str, Any]] = field(default_factory=list)
     run_id: str | None = None

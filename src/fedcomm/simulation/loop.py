@@ -47,15 +47,16 @@ from fedcomm.algorithms.base import (
 )
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
-from fedcomm.comm.ledger import Ledger
+from fedcomm.comm.ledger import Ledger, Status
 from fedcomm.comm.payload import Payload
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
-from fedcomm.simulation import checkpoint, device
-from fedcomm.simulation.backends import Backend, RoundInputs
+from fedcomm.simulation import checkpoint, device, timed
+from fedcomm.simulation.backends import Backend, RoundInputs, Turn
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.global_eval import evaluate_global
+from fedcomm.system.config import SystemConfig
 from fedcomm.types import Params
 
 CRASH_ENV = "FEDCOMM_KILL_AFTER_ROUND"  # test hook: SIGKILL this process after that round
@@ -87,6 +88,8 @@ class LoopConfig:
     precision: str = "fp32"  # train.precision: local training's autocast
     on_divergence: str = "stop"  # "stop" | "skip" a diverged client (see DivergenceError)
     divergence_loss: float = 1e6
+    system: SystemConfig | None = None  # simulated time (issue 30); None: none, as before
+    data_root: Path | None = None  # where system's real traces are read
 
 
 class DivergenceError(RuntimeError):
@@ -222,12 +225,17 @@ def _run(
     backend = Backend(
         cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size, precision=cfg.precision
     )
+    sim = (
+        None
+        if cfg.system is None
+        else timed.SystemRun.build(cfg.system, model, data, cfg.seed, cfg.data_root)
+    )
 
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
         t_round = time.perf_counter()
         metrics, cum_bits, cum_up_bits = _one_round(
             cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits, cum_up_bits,
-            backend,
+            backend, sim,
         )  # fmt: skip
         metrics["time/round_s"] = time.perf_counter() - t_round
         state.round_ = round_
@@ -261,9 +269,15 @@ def _one_round(
     cum_bits: int,
     cum_up_bits: int,
     backend: Backend,
+    sim: timed.SystemRun | None = None,
 ) -> tuple[dict[str, float | None], int, int]:
     rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, model)
-    cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
+    start_s = elapsed_s(state)  # simulated seconds before this round (system only)
+    online = 0
+    if sim is None:
+        cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
+    else:  # K(1 + f) among the clients online now
+        cohort, online = sim.cohort(cfg.seed, round_, start_s, cfg.clients_per_round)
     uplinks: list[Uplink] = []
     payloads: list[Payload] = []
     up_bits = down_bits = up_dense_bits = 0
@@ -278,20 +292,31 @@ def _one_round(
         record = state.clients.get(cid)
         return record.state if record is not None else algorithm.init_client(cid)
 
-    turns = backend.turns(  # 1. cohort, sorted; 2. downlink; 3. local work
-        RoundInputs(
-            cohort, algorithm, state_of, state.server, rctx, model, data, cfg.local, cfg.seed
+    def inputs(clients: Sequence[int], local: LocalConfig) -> RoundInputs:
+        return RoundInputs(
+            clients, algorithm, state_of, state.server, rctx, model, data, local, cfg.seed
         )
-    )
-    for turn in turns:
-        cid, down, decoded_down, result = turn.client_id, turn.down, turn.decoded_down, turn.result
+
+    def compressor_in(cid: int) -> Any:
         record = state.clients.get(cid)
-        comp_in = record.compressor_state if record is not None else compressor.init()
-        down_bits += ledger.record(round_, cid, "down", down)
+        return record.compressor_state if record is not None else compressor.init()
+
+    def encode(turn: Turn) -> tuple[Payload, Any, float]:
         t0 = time.perf_counter()
-        payload, comp_state = compressor.encode(result.uplink, comp_in, turn.generator, round_)
-        train_s.append(turn.seconds + time.perf_counter() - t0)
-        up_bits += ledger.record(round_, cid, "up", payload)
+        payload, comp_state = compressor.encode(
+            turn.result.uplink, compressor_in(turn.client_id), turn.generator, round_
+        )
+        return payload, comp_state, turn.seconds + time.perf_counter() - t0
+
+    def take(
+        turn: Turn, payload: Payload, comp_state: Any, seconds: float, extra: dict[str, Any]
+    ) -> None:
+        """Client ``turn`` aggregated: its uplink decoded, its model evaluated or kept, its
+        state stored, its row written."""
+        nonlocal up_dense_bits
+        cid, decoded_down, result = turn.client_id, turn.decoded_down, turn.result
+        record = state.clients.get(cid)
+        train_s.append(seconds)
         up_dense_bits += bits.dense(numel)  # the dense model
         decoded_up = payload.decode()
         uplinks.append(Uplink(cid, result.num_examples, decoded_up))
@@ -332,24 +357,67 @@ def _one_round(
                 "round": round_,
                 "client_id": cid,
                 "num_examples": result.num_examples,
-                "train_s": train_s[-1],
+                "train_s": seconds,
                 "train_loss": loss,
                 "local_accuracy": local[0],
                 "local_loss": local[1],
                 "test_n": local[2],
+                **extra,
             }
         )
-    if not uplinks:
+
+    turns = backend.turns(inputs(cohort, cfg.local)) if cohort else iter(())  # 1.-3.
+    settled: timed.Settled | None = None
+    if sim is None:
+        for turn in turns:
+            down_bits += ledger.record(round_, turn.client_id, "down", turn.down)
+            payload, comp_state, seconds = encode(turn)
+            up_bits += ledger.record(round_, turn.client_id, "up", payload)
+            take(turn, payload, comp_state, seconds, {})
+    else:  # every client timed from its bits and work, then the round settled
+        clocked: list[timed.Timed] = []
+        walls: dict[int, float] = {}
+        for turn in turns:
+            d = ledger.record(round_, turn.client_id, "down", turn.down)
+            down_bits += d
+            payload, comp_state, walls[turn.client_id] = encode(turn)
+            clocked.append(timed.time_turn(sim, turn, payload, comp_state, d, cfg.local, start_s))
+
+        def retrain(t: timed.Timed, steps: int) -> timed.Timed:  # partial work: the first steps
+            local = LocalConfig(**{**cfg.local.model_dump(), "epochs": None, "steps": steps})
+            (turn,) = backend.turns(inputs([t.turn.client_id], local))
+            payload, comp_state, walls[turn.client_id] = encode(turn)
+            return timed.time_turn(
+                sim, turn, payload, comp_state, t.down_bits, cfg.local, start_s, steps
+            )
+
+        settled = timed.settle(sim, clocked, cfg.clients_per_round, start_s, retrain)
+        for t in settled.accepted:
+            cid = t.turn.client_id
+            up_bits += ledger.record(round_, cid, "up", t.payload)
+            status = "partial_work" if cid in settled.partial else "aggregated"
+            take(t.turn, t.payload, t.comp_state, walls[cid], _sim_row(t, status))
+        for t, sent in settled.dropped:
+            cut: Status = "partial" if sent else "not_sent"
+            up_bits += ledger.record(
+                round_, t.turn.client_id, "up", t.payload, status=cut, sent_bits=sent
+            )
+            state.client_rows.append(
+                {"round": round_, "client_id": t.turn.client_id,
+                 "num_examples": t.turn.result.num_examples, **_sim_row(t, "dropped")}
+            )  # fmt: skip
+    if not uplinks and (sim is None or skipped):
         raise DivergenceError(
             f"round {round_}: every client diverged ({len(skipped)} skipped). Lower train.local.lr"
         )
     t_server = time.perf_counter()
-    if compressor.server_hook is not None:  # e.g. SignSGD: every uplink becomes the vote
+    if compressor.server_hook is not None and uplinks:  # e.g. SignSGD: uplinks become the vote
         hooked = compressor.server_hook(payloads)
         uplinks = [
             Uplink(u.client_id, u.num_examples, t) for u, t in zip(uplinks, hooked, strict=True)
         ]
-    state.server = algorithm.server_update(state.server, uplinks, rctx)  # 4. server
+    if uplinks:  # (a system round where no client made it leaves the server as it was)
+        state.server = algorithm.server_update(state.server, uplinks, rctx)  # 4. server
     server_s = time.perf_counter() - t_server
     cum_bits += up_bits + down_bits
     cum_up_bits += up_bits
@@ -361,12 +429,14 @@ def _one_round(
         "comm/cum_up_bytes": bits.to_bytes(cum_up_bits),
         "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,  # dense model / sent
         # all bits so far / dense FedAvg's (model down and up per client) over as many rounds
-        "comm/cost_vs_dense": cum_bits / (2 * bits.dense(numel) * len(cohort) * round_),
+        "comm/cost_vs_dense": cum_bits / (2 * bits.dense(numel) * max(1, len(cohort)) * round_),
         "train/loss": _weighted([lo for lo, _ in losses], [n for _, n in losses]),
-        "time/client_s": float(np.mean(train_s)),
-        "time/client_max_s": float(np.max(train_s)),
+        "time/client_s": float(np.mean(train_s)) if train_s else None,
+        "time/client_max_s": float(np.max(train_s)) if train_s else None,
         "time/server_s": server_s,
     }
+    if sim is not None:
+        metrics.update(_sim_metrics(settled, len(cohort), online, start_s))
     if skipped:
         metrics["train/diverged_clients"] = float(len(skipped))
     if local_due:
@@ -475,4 +545,40 @@ def _local_metrics(
         "local/accuracy": float(np.mean(accs)),
         "local/accuracy_weighted": _weighted(accs, [r.test_n for r in seen]),
         "local/coverage": len(clients) / num_clients,
+    }
+
+
+def elapsed_s(state: checkpoint.RunState) -> float:
+    """Simulated seconds the run has spent so far (0 without a ``system`` section)."""
+    if not state.round_rows:
+        return 0.0
+    return float(state.round_rows[-1].get("time/sim_elapsed_s") or 0.0)
+
+
+def _sim_row(t: timed.Timed, status: str) -> dict[str, Any]:
+    """A client's simulated round in its client row (seconds from the round's start)."""
+    c = t.time
+    return {
+        "status": status,
+        "local_steps": len(t.sizes),
+        "sim_down_s": c.down_s,
+        "sim_compute_s": c.compute_s,
+        "sim_up_s": c.up_s,
+        "sim_finish_s": c.finish_s,
+    }
+
+
+def _sim_metrics(
+    settled: timed.Settled | None, sampled: int, online: int, start_s: float
+) -> dict[str, float | None]:
+    round_s = settled.round_s if settled is not None else 0.0
+    finished = len(settled.accepted) if settled is not None else 0
+    return {
+        "time/sim_round_s": round_s,
+        "time/sim_elapsed_s": start_s + round_s,
+        "system/online": float(online),
+        "system/sampled": float(sampled),
+        "system/finished": float(finished),
+        "system/dropped": float(sampled - finished),
+        "system/partial": float(len(settled.partial)) if settled is not None else 0.0,
     }

@@ -195,7 +195,8 @@ def test_warm_start_prunes_on_one_client_and_charges_round_zero(fed: FederatedTe
     # the loop charges exactly that message as round 0, and starts from that model
     res = _run(fed, rounds=1)
     rows = [r for r in res.ledger.rows if r[0] == 0]
-    assert rows == [(0, cid, "up", _bits(payload), 0, 0, payload.dense_bits())]
+    bits_ = _bits(payload)
+    assert rows == [(0, cid, "up", bits_, 0, 0, payload.dense_bits(), "sent", bits_)]
     assert res.state.round_rows[0]["prunefl/mask_density"] == pytest.approx(dens)
     assert res.state.round_rows[0]["prunefl/phase_one_rounds"] == 5
 

@@ -22,6 +22,8 @@ COLUMNS = [
     "index_bits",
     "meta_bits",
     "dense_bits",
+    "status",
+    "encoded_bits",
 ]
 
 
@@ -51,7 +53,20 @@ def _example() -> Ledger:
 def test_record_returns_total_bits() -> None:
     ledger = Ledger()
     assert ledger.record(3, 7, "up", _dense(10)) == 320
-    assert ledger.rows == [(3, 7, "up", 320, 0, 0, 320)]
+    assert ledger.rows == [(3, 7, "up", 320, 0, 0, 320, "sent", 320)]
+
+
+def test_a_message_not_sent_counts_no_bits_and_keeps_its_encoding() -> None:
+    ledger = Ledger()
+    assert ledger.record(1, 2, "up", _dense(10), status="not_sent") == 0
+    assert ledger.record(1, 3, "up", _dense(10), status="partial", sent_bits=100) == 100
+    assert ledger.record(1, 4, "up", _dense(10), status="partial", sent_bits=999) == 320
+    assert ledger.rows == [
+        (1, 2, "up", 0, 0, 0, 320, "not_sent", 320),
+        (1, 3, "up", 100, 0, 0, 320, "partial", 320),
+        (1, 4, "up", 320, 0, 0, 320, "partial", 320),
+    ]
+    assert per_round(ledger.frame())["up_bytes"].to_list() == [(100 + 320) / 8]
 
 
 def test_schema_and_dtypes() -> None:
@@ -62,8 +77,8 @@ def test_schema_and_dtypes() -> None:
     assert frame.schema["direction"] == pl.String
     assert frame.schema["payload_bits"] == pl.Int64
     assert frame.height == 6
-    assert frame.row(2) == (1, 0, "up", 32, 3, 0, 256)
-    assert frame.row(5) == (2, 1, "up", 128, 0, 32, 160)
+    assert frame.row(2) == (1, 0, "up", 32, 3, 0, 256, "sent", 35)
+    assert frame.row(5) == (2, 1, "up", 128, 0, 32, 160, "sent", 160)
 
 
 def test_empty_ledger_has_the_schema() -> None:

@@ -366,6 +366,6 @@ def test_loop_ledger_follows_the_lq_rule() -> None:
     shapes = [tuple(p.shape) for p in model.parameters()]
     up = [r for r in res.ledger.rows if r[2] == "up"]
     assert len(up) == 6
-    for _, _, _, payload_bits, index_bits, meta_bits, _ in up:
+    for _, _, _, payload_bits, index_bits, meta_bits, *_ in up:
         assert payload_bits == sum(4 * math.prod(s) for s in shapes) and index_bits == 0
         assert meta_bits == 96 * len(shapes)

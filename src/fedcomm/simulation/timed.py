@@ -1,0 +1,164 @@
+"""The round under a ``system`` section (issue 30): clients timed from their encoded bits and
+their local work, the round settled by the deadline and over-selection.
+
+The loop trains and encodes every sampled client as always; here each client's messages and
+work become simulated seconds (:mod:`fedcomm.system.clock`), and :func:`settle` decides who is
+aggregated: the first ``K`` to finish within the deadline. A straggler is dropped, or under
+``stragglers: partial`` retrained for the local steps that fit before the deadline (the loop's
+``retrain`` callback) and aggregated if its new uplink then makes it. Dropped clients keep their
+state from before the round: the server never saw their work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from fedcomm.algorithms._local import LocalConfig
+from fedcomm.comm.payload import Payload
+from fedcomm.simulation.backends import Turn
+from fedcomm.simulation.data import FederatedTensors
+from fedcomm.system import population as pop
+from fedcomm.system.clock import ClientTime, batch_sizes, client_time, decide, steps_that_fit
+from fedcomm.system.config import SystemConfig
+from fedcomm.system.flops import WeightCost, example_flops, forward_flops
+
+
+@dataclass(frozen=True)
+class SystemRun:
+    """A run's simulated clients and the FLOPs of its model, fixed for the run."""
+
+    cfg: SystemConfig
+    population: pop.Population
+    cost: WeightCost
+
+    @classmethod
+    def build(
+        cls,
+        cfg: SystemConfig,
+        model: nn.Module,
+        data: FederatedTensors,
+        seed: int,
+        root: Path | None,
+    ) -> SystemRun:
+        source = next(d for d in data.train if d.num_examples)
+        cost = forward_flops(model, source.x[:1])
+        return cls(cfg, pop.draw(cfg, data.num_clients, seed, root), cost)
+
+    def sample_size(self, k: int) -> int:
+        """``K(1 + f)``, rounded up, at most every client."""
+        return min(self.population.size, math.ceil(k * (1 + self.cfg.policy.over_selection)))
+
+    def cohort(self, seed: int, round_: int, at_s: float, k: int) -> tuple[list[int], int]:
+        """The round's sampled clients among the online ones, and how many were online."""
+        online = self.population.online(seed, round_, at_s)
+        return pop.cohort(seed, round_, online, self.sample_size(k)), len(online)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One client's trained and encoded round, with its simulated time."""
+
+    turn: Turn
+    payload: Payload
+    comp_state: Any
+    down_bits: int
+    time: ClientTime
+    sizes: tuple[int, ...]  # the sizes of the local minibatches it ran
+
+
+def time_turn(
+    sim: SystemRun,
+    turn: Turn,
+    payload: Payload,
+    comp_state: Any,
+    down_bits: int,
+    local: LocalConfig,
+    start_s: float,
+    steps: int | None = None,
+) -> Timed:
+    """``turn``'s simulated time: its downlink, ``steps`` local minibatches (all of ``local``'s
+    when None) at its speed, its uplink of ``payload``."""
+    cid = turn.client_id
+    sizes = batch_sizes(turn.result.num_examples, local.batch_size, local.epochs, local.steps)
+    if steps is not None:
+        sizes = sizes[:steps]
+    work = sum(sizes) * example_flops(sim.cost, turn.result.local_params)
+    p = sim.population
+    t = client_time(
+        cid, p.down[cid], p.up[cid], float(p.latency_s[cid]), float(p.flops_per_s[cid]),
+        round_start_s=start_s, down_bits=down_bits, work_flops=work,
+        up_bits=payload.nbits().total,
+    )  # fmt: skip
+    return Timed(turn, payload, comp_state, down_bits, t, tuple(sizes))
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The round's outcome: who is aggregated (cohort order) and the round's length."""
+
+    accepted: list[Timed]
+    partial: frozenset[int]  # accepted after partial work
+    dropped: list[tuple[Timed, int]]  # with the uplink bits sent before the round closed
+    round_s: float
+
+
+Retrain = Callable[[Timed, int], Timed]  # a straggler, the local steps that fit -> retimed
+
+
+def settle(
+    sim: SystemRun, timed: Sequence[Timed], k: int, start_s: float, retrain: Retrain
+) -> Settled:
+    """The first ``k`` to finish within the deadline; stragglers retrained under ``partial``."""
+    policy = sim.cfg.policy
+    deadline = policy.deadline_s
+    if not timed:  # nobody online: the server waits
+        return Settled([], frozenset(), [], deadline or policy.idle_s)
+    decision = decide([t.time for t in timed], k, deadline)
+    chosen = {t.turn.client_id: t for t in timed if t.turn.client_id in decision.accepted}
+    partial: set[int] = set()
+    if policy.stragglers == "partial" and deadline is not None and len(chosen) < k:
+        late = sorted(
+            (t for t in timed if t.time.finish_s > deadline), key=lambda t: t.turn.client_id
+        )
+        redone = [r for r in (_partial(sim, t, deadline, retrain) for t in late) if r]
+        for r in sorted(redone, key=lambda r: (r.time.finish_s, r.turn.client_id)):
+            if len(chosen) == k:
+                break
+            chosen[r.turn.client_id] = r
+            partial.add(r.turn.client_id)
+    round_s = decision.round_s if not partial else float(deadline or decision.round_s)
+    accepted = [chosen[t.turn.client_id] for t in timed if t.turn.client_id in chosen]
+    dropped = [
+        (t, _sent_by(sim, t, start_s, round_s)) for t in timed if t.turn.client_id not in chosen
+    ]
+    return Settled(accepted, frozenset(partial), dropped, round_s)
+
+
+def _partial(sim: SystemRun, t: Timed, deadline: float, retrain: Retrain) -> Timed | None:
+    """``t`` retrained for the steps that fit before ``deadline`` (its full upload's time
+    reserved), if any fit and the new upload makes it."""
+    per_example = example_flops(sim.cost, t.turn.result.local_params) / float(
+        sim.population.flops_per_s[t.turn.client_id]
+    )
+    budget = deadline - 2 * t.time.latency_s - t.time.down_s - t.time.up_s
+    fits = min(len(t.sizes) - 1, steps_that_fit(t.sizes, per_example, budget))
+    if fits < 1:
+        return None
+    redone = retrain(t, fits)
+    return redone if redone.time.finish_s <= deadline else None
+
+
+def _sent_by(sim: SystemRun, t: Timed, start_s: float, round_s: float) -> int:
+    """Uplink bits a dropped client had sent when the round closed (``cut_uplink: partial``;
+    0 under ``not_sent``)."""
+    if sim.cfg.policy.cut_uplink == "not_sent":
+        return 0
+    up = sim.population.up[t.turn.client_id]
+    sent = up.bits_between(start_s + t.time.up_start_s, start_s + round_s)
+    return min(t.payload.nbits().total, int(sent))

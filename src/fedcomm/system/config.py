@@ -1,0 +1,194 @@
+"""The ``system`` params section: who each client is (links, compute, availability) and how a
+round treats the slow ones (deadline, over-selection, stragglers).
+
+Absent, nothing of it exists and every number is what it was before issue 30. Present, the
+round loop (:mod:`fedcomm.simulation.loop`) draws one :class:`~fedcomm.system.population.Profile`
+per client from the run's seed and turns each message's encoded bits into seconds
+(:mod:`fedcomm.system.clock`). Units: Mbit/s (1e6 bit/s), seconds, FLOP/s.
+
+A per-client quantity is a *distribution*, drawn once per client (``kind``):
+
+- ``constant``: ``value`` for every client;
+- ``lognormal``: ``median`` and ``sigma`` (of the log): ``median * exp(sigma * N(0, 1))``;
+- ``uniform``: between ``low`` and ``high``;
+- ``trace`` (links only): a real per-second capacity trace (``source``: ``mahimahi`` or
+  ``fivegophers``, under the data root's ``traces/``); each client draws one trace and a start
+  second, and the capacity varies second by second as the trace does, cyclically (``window_s``:
+  only that many seconds of it, from the start drawn);
+- ``flash`` (links only): a FLASH user's mean and standard deviation for that direction, drawn
+  uniformly over its 19 users, then one normal draw around them (floored at 1% of the mean);
+- ``ai_benchmark`` (compute only): a phone model drawn uniformly from AI-Benchmark's 333
+  scores, as a speed relative to their median;
+- ``table``: the column of the user's client table (``system.table``) for that client.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Constant(_Strict):
+    kind: Literal["constant"]
+    value: float = Field(gt=0)
+
+
+class LogNormal(_Strict):
+    kind: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0, description="standard deviation of the log")
+
+
+class Uniform(_Strict):
+    kind: Literal["uniform"]
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.high < self.low:
+            raise ValueError(f"high must be >= low (got low={self.low}, high={self.high})")
+        return self
+
+
+class TraceLink(_Strict):
+    kind: Literal["trace"]
+    source: Literal["mahimahi", "fivegophers"]
+    window_s: int | None = Field(
+        None, ge=1, description="seconds of the trace a client uses, from its drawn start"
+    )
+
+
+class FlashLink(_Strict):
+    kind: Literal["flash"]
+
+
+class AiBenchmark(_Strict):
+    kind: Literal["ai_benchmark"]
+
+
+class FromTable(_Strict):
+    kind: Literal["table"]
+
+
+LinkDist = Annotated[
+    Constant | LogNormal | Uniform | TraceLink | FlashLink | FromTable,
+    Field(discriminator="kind"),
+]
+SpeedDist = Annotated[
+    Constant | LogNormal | Uniform | AiBenchmark | FromTable, Field(discriminator="kind")
+]
+
+
+class Latency(_Strict):
+    kind: Literal["constant"]
+    value: float = Field(ge=0, description="seconds added to every message")
+
+
+class LinksConfig(_Strict):
+    """``system.links``: Mbit/s per client and direction, and a latency per message."""
+
+    down: LinkDist = Field(default_factory=lambda: Constant(kind="constant", value=110.6))
+    up: LinkDist = Field(default_factory=lambda: Constant(kind="constant", value=14.0))
+    latency_s: Annotated[Latency | LogNormal | FromTable, Field(discriminator="kind")] = Field(
+        default_factory=lambda: Latency(kind="constant", value=0.0),
+        description="seconds per message (down and up each pay it)",
+    )
+
+
+class ComputeConfig(_Strict):
+    """``system.compute``: a client's speed as a multiple of the reference device."""
+
+    reference_flops: float = Field(
+        1e10, gt=0, description="FLOP/s of the reference device (speed 1.0)"
+    )
+    speed: SpeedDist = Field(default_factory=lambda: Constant(kind="constant", value=1.0))
+
+
+class Probability(_Strict):
+    kind: Literal["constant"]
+    p: float = Field(gt=0, le=1, description="probability of being online when sampled")
+
+
+class Windows(_Strict):
+    kind: Literal["windows"]
+    path: Path = Field(description="CSV/parquet client_id, start_s, end_s (online intervals)")
+
+
+class AvailabilityTable(_Strict):
+    kind: Literal["table"]
+
+
+Availability = Annotated[Probability | Windows | AvailabilityTable, Field(discriminator="kind")]
+
+
+class PolicyConfig(_Strict):
+    """``system.policy``: how a round treats its slow clients."""
+
+    deadline_s: float | None = Field(
+        None, gt=0, description="seconds after the round starts; null: wait for every client"
+    )
+    over_selection: float = Field(
+        0.0, ge=0, le=10, description="sample K(1 + f) online clients, aggregate the first K"
+    )
+    stragglers: Literal["drop", "partial"] = Field(
+        "drop",
+        description="a client that misses the deadline: dropped, or trained for as many local "
+        "steps as fit before it (FedProx's partial work) and aggregated if it then makes it",
+    )
+    idle_s: float = Field(
+        60.0, gt=0, description="seconds a round with no client online lasts (no deadline)"
+    )
+    cut_uplink: Literal["not_sent", "partial"] = Field(
+        "not_sent",
+        description="a dropped client's uplink in the ledger: not sent (0 bits), or the bits it "
+        "had sent when the round closed",
+    )
+
+    @model_validator(mode="after")
+    def _needs_deadline(self) -> PolicyConfig:
+        if self.deadline_s is None and self.stragglers == "partial":
+            raise ValueError(
+                "stragglers must be 'drop' without a deadline (partial work fits a deadline; "
+                "set deadline_s)"
+            )
+        return self
+
+
+class SystemConfig(_Strict):
+    """``system``: simulated client links, compute and availability, and the round policy."""
+
+    links: LinksConfig = Field(default_factory=LinksConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    availability: Availability = Field(default_factory=lambda: Probability(kind="constant", p=1.0))
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    table: Path | None = Field(
+        None,
+        description="the user's client table (CSV or parquet: client_id, down_mbps, up_mbps, "
+        "compute_speed[, availability, latency_s]), read by every `kind: table`",
+    )
+    assign: Literal["by_id", "draw"] = Field(
+        "by_id",
+        description="table rows to clients: by client_id (the table covers every client), or "
+        "one row drawn per client from the seed",
+    )
+
+    @model_validator(mode="after")
+    def _table_given(self) -> SystemConfig:
+        kinds = {
+            "links.down": self.links.down.kind,
+            "links.up": self.links.up.kind,
+            "links.latency_s": self.links.latency_s.kind,
+            "compute.speed": self.compute.speed.kind,
+            "availability": self.availability.kind,
+        }
+        users = [k for k, v in kinds.items() if v == "table"]
+        if users and self.table is None:
+            raise ValueError(f"table must be set: {', '.join(users)} read kind 'table'")
+        return self
