@@ -22,6 +22,7 @@ from fedcomm.evaluation.sim_time import (
 )
 from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.experiment import Paths, evaluate_stage, partition_stage, train_stage
+from fedcomm.reporting.compare import compare_runs
 from fedcomm.reporting.plots import sim_time_curve
 from fedcomm.summarize import summarize_stage
 from tests.conftest import tiny_params
@@ -199,3 +200,12 @@ def test_a_trained_run_with_a_system_section_end_to_end(project: Path) -> None:
     text = (project / "reports" / "summary.md").read_text()
     assert "## Simulated time" in text and "accuracy_vs_gib_and_sim_time.png" in text
     assert (project / "reports" / "plots" / "accuracy_vs_gib_and_sim_time.png").stat().st_size
+
+
+@pytest.mark.parametrize("bad", [[0.0], [-2.0], [float("inf")]])
+def test_report_time_budgets_are_checked_before_any_run_is_read(
+    tmp_path: Path, bad: list[float]
+) -> None:
+    with pytest.raises(ConfigError, match=r"time_budgets_h: .*finite and > 0 hours"):
+        compare_runs("sqlite:///nowhere/none.db", tmp_path / "out", time_budgets_h=bad)
+    assert not (tmp_path / "out").exists()
