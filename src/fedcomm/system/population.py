@@ -54,7 +54,8 @@ class Population:
     def online(self, seed: int, round_: int, at_s: float) -> list[int]:
         """The clients online at the start of round ``round_`` (simulated time ``at_s``)."""
         if self.windows is not None:
-            return [c for c in range(self.size) if self.windows.online(c, at_s)]
+            mask = self.windows.online_mask(np.arange(self.size), at_s)
+            return [int(c) for c in np.flatnonzero(mask)]
         assert self.p_online is not None
         u = numpy_rng(seed, Stream.SYSTEM, ONLINE, round_).random(self.size)
         return [int(c) for c in np.flatnonzero(u < self.p_online)]
