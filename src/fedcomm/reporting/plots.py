@@ -22,6 +22,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from fedcomm.atomic import atomic_path
+from fedcomm.evaluation.sim_time import HOUR_S, SIM_ELAPSED
+from fedcomm.evaluation.sim_time import has_sim_time as run_has_sim_time
 
 GIB_COLUMN = "comm/cum_gib"
 _PALETTE = (
@@ -261,17 +263,12 @@ def plot_accuracy_vs_round(
     _plot_against(runs, path, metric, title, "round", "Round", "round")
 
 
-SIM_ELAPSED = "time/sim_elapsed_s"  # simulated seconds since the start (runs with `system`)
 SIM_HOURS = "sim_hours"  # the x of the simulated-time panel: SIM_ELAPSED / 3600
 
 
 def has_sim_time(runs: Runs) -> bool:
     """True when any seed of any run has simulated elapsed time (a ``system`` section)."""
-    return any(
-        SIM_ELAPSED in t.columns and t[SIM_ELAPSED].drop_nulls().len() > 0
-        for tables in runs.values()
-        for t in tables
-    )
+    return any(run_has_sim_time(t) for tables in runs.values() for t in tables)
 
 
 def sim_time_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
@@ -293,7 +290,7 @@ def sim_time_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
     """
     parts = [
         t.select(
-            (pl.col(SIM_ELAPSED).cast(pl.Float64) / 3600.0).alias("t"),
+            (pl.col(SIM_ELAPSED).cast(pl.Float64) / HOUR_S).alias("t"),
             pl.col(metric).cast(pl.Float64).fill_nan(None).alias("y"),
         )
         .drop_nulls()
