@@ -292,7 +292,8 @@ def render_summary(frame: pl.DataFrame, sweep: Sweep, best: FrozenTrial | None) 
         top = done.sort(col, descending=sweep.objective.maximize).head(10)
         lines += ["## Top trials", "", *_table(top, sweep), ""]
         front = done.filter(pl.col("pareto")).sort("total_gib")
-        lines += ["## Pareto front (accuracy up, GiB down)", "", *_table(front, sweep), ""]
+        first = "accuracy up" if sweep.objective.maximize else "simulated hours down"
+        lines += [f"## Pareto front ({first}, GiB down)", "", *_table(front, sweep), ""]
     lines += ["## Plots", "", "![Pareto front](pareto.png)", "", "![History](history.png)", ""]
     return "\n".join(lines)
 

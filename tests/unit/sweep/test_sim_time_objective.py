@@ -185,3 +185,4 @@ def test_fewer_hours_win_the_front_and_the_top_trials() -> None:
     top = text.split("## Top trials")[1].splitlines()[4:7]
     assert [line.split(" | ")[0] for line in top] == ["| 0", "| 1", "| 2"]
     assert "| 0 | 1 h |" in text and "(minimize)" in text
+    assert "## Pareto front (simulated hours down, GiB down)" in text
