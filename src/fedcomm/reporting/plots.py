@@ -279,7 +279,8 @@ def sim_time_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
     which some seed evaluated, each seed contributes its latest evaluation at or before ``t``
     (a step function: what that seed's model scored at time ``t``). Only times from the last
     seed's first evaluation to the first seed's last evaluation are kept, so every point
-    averages every seed (one seed: all its evaluations).
+    averages every seed (one seed: all its evaluations); if the seeds share no such span, every
+    time is kept and each point averages the seeds that had evaluated by then.
 
     Args:
         tables: one rounds table per seed (``round``, ``time/sim_elapsed_s`` and ``metric``).
@@ -303,19 +304,27 @@ def sim_time_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
         return Curve([], [], [], len(tables))
     start = max(float(p["t"][0]) for p in parts)
     stop = min(float(p["t"][-1]) for p in parts)
-    grid = pl.DataFrame({"t": sorted({v for p in parts for v in p["t"].to_list()})})
-    grid = grid.filter((pl.col("t") >= start) & (pl.col("t") <= stop))
+    every = pl.DataFrame({"t": sorted({v for p in parts for v in p["t"].to_list()})})
+    grid = every.filter((pl.col("t") >= start) & (pl.col("t") <= stop))
+    if not grid.height:  # the seeds' evaluations never overlap in time: keep every time
+        grid = every
     steps = [
-        grid.join_asof(p.unique("t", keep="last"), on="t", strategy="backward")["y"] for p in parts
+        grid.join_asof(
+            p.unique("t", keep="last", maintain_order=True), on="t", strategy="backward"
+        )["y"]
+        for p in parts
     ]
     stacked = pl.DataFrame({f"s{i}": s for i, s in enumerate(steps)})
     cols = [pl.col(c) for c in stacked.columns]
     stats = stacked.select(
         pl.mean_horizontal(cols).alias("mean"),
-        pl.concat_list(cols).list.std(ddof=1).fill_null(0.0).alias("std"),
+        pl.concat_list(cols).list.drop_nulls().list.std(ddof=1).fill_null(0.0).alias("std"),
+        pl.sum_horizontal(c.is_not_null() for c in cols).alias("n"),
     )
-    n = len(parts)
-    se = [s / n**0.5 if n > 1 else 0.0 for s in stats["std"].to_list()]
+    se = [
+        s / n**0.5 if n > 1 else 0.0
+        for s, n in zip(stats["std"].to_list(), stats["n"].to_list(), strict=True)
+    ]
     return Curve(grid["t"].to_list(), stats["mean"].to_list(), se, len(tables))
 
 

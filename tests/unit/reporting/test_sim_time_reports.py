@@ -156,6 +156,15 @@ def test_seeds_are_aligned_on_the_simulated_clock() -> None:
     one = sim_time_curve(tables[:1], "global/accuracy")
     assert one.x == pytest.approx([1500 / H, 3300 / H, 6000 / H]) and one.se == [0.0] * 3
     assert sim_time_curve([rounds_table("fedavg", 0, system=False)], "global/accuracy").x == []
+    # seeds that never overlap in time (one evaluation each, after 1 h and 2 h): every time kept,
+    # each point averaging the seeds evaluated by then
+    late = [
+        pl.DataFrame({"round": [1], "global/accuracy": [a], "time/sim_elapsed_s": [h * H]})
+        for a, h in ((0.5, 1.0), (0.7, 2.0))
+    ]
+    apart = sim_time_curve(late, "global/accuracy")
+    assert apart.x == [1.0, 2.0] and apart.mean == pytest.approx([0.5, 0.6])
+    assert apart.se == pytest.approx([0.0, 0.1])  # one seed at 1 h, both at 2 h
 
 
 @pytest.mark.parametrize("bad", [[-1.0], [0], [float("inf")], ["soon"]])
