@@ -41,7 +41,11 @@ from fedcomm.data.types import Dataset
 from fedcomm.evaluation.summaries import LinkModel, summarize_run, upload_ratios
 from fedcomm.models import build_model
 from fedcomm.models.progressive import dense_numel
-from fedcomm.reporting.plots import plot_accuracy_vs_gib, plot_accuracy_vs_round
+from fedcomm.reporting.plots import (
+    plot_accuracy_vs_gib,
+    plot_accuracy_vs_gib_and_sim_time,
+    plot_accuracy_vs_round,
+)
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import checkpoint as ckpt_mod
 from fedcomm.simulation import loop
@@ -504,6 +508,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         targets=ev.targets,
         link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),
         target_metric=ev.metric,
+        time_budgets_h=ev.time_budgets_h,
     )
     model = build_run_model(params, data, seed)
     algorithm = build_algorithm(params.algorithm(run))
@@ -542,7 +547,8 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
 
 
 def _run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
-    """This run's curves: global and local accuracy vs cumulative GiB, global accuracy vs round."""
+    """This run's curves: global and local accuracy vs cumulative GiB, global accuracy vs round,
+    and with a ``system`` section global accuracy vs GiB beside simulated hours."""
     out.mkdir(parents=True, exist_ok=True)
     runs = {name: [rounds]}
     paths = [
@@ -559,6 +565,11 @@ def _run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
     plot_accuracy_vs_round(
         runs, paths[2], metric="global/accuracy", title=f"{name}: global accuracy vs round"
     )
+    if "time/sim_elapsed_s" in rounds.columns:  # a system section: simulated time too
+        paths.append(out / "accuracy_vs_gib_and_sim_time.png")
+        plot_accuracy_vs_gib_and_sim_time(
+            runs, paths[-1], title=f"{name}: global accuracy vs communication and simulated time"
+        )
     return paths
 
 

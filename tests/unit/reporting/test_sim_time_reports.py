@@ -173,7 +173,6 @@ def test_time_budgets_are_checked_at_the_boundary(bad: list[object]) -> None:
         _params(**{"evaluate.time_budgets_h": bad})
 
 
-@pytest.mark.skipif("system" not in Params.model_fields, reason="params have no system section yet")
 def test_a_trained_run_with_a_system_section_end_to_end(project: Path) -> None:
     """Train, evaluate and summarize the tiny experiment under ``system: {}`` (every client on
     the default links and reference compute): the summaries are the rounds table's clock."""
@@ -195,6 +194,12 @@ def test_a_trained_run_with_a_system_section_end_to_end(project: Path) -> None:
         train_stage(params, "fedavg", seed, show_progress=False)
         evaluate_stage(params, "fedavg", seed)
         tables.append(pl.read_parquet(project / "runs" / f"fedavg-s{seed}/train/rounds.parquet"))
+    run0 = project / "runs" / "fedavg-s0"
+    own = json.loads((run0 / "metrics.json").read_text())  # the run's own summary
+    assert own["at_time_budget"]["1e+06"] == pytest.approx(
+        max(tables[0]["global/accuracy"].drop_nulls())
+    )
+    assert (run0 / "plots" / "accuracy_vs_gib_and_sim_time.png").stat().st_size
     summarize_stage(params)
     metrics = json.loads((project / "reports" / "metrics.json").read_text())["fedavg"]
     best = [max(t["global/accuracy"].drop_nulls()) for t in tables]  # 1e6 h: every evaluation
