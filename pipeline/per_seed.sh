@@ -4,7 +4,7 @@
 #   bash pipeline/per_seed.sh PROFILE NAME SEED...                         (from the project root)
 #   RUNS="fedavg fedbiad" bash pipeline/per_seed.sh PROFILE NAME 0 1 2     (a subset of the runs)
 #   ROUNDS=3 bash pipeline/per_seed.sh PROFILE NAME 0                      (a cost probe)
-#   SET="system.policy.deadline_s=8 train.rounds=30" bash pipeline/per_seed.sh PROFILE NAME 0
+#   SET="train.system.policy.deadline_s=8 train.rounds=30" bash pipeline/per_seed.sh PROFILE NAME 0
 #                                      (a variant: each dotted key set to its YAML value)
 #
 # The decision rule (docs/reproductions/README.md) pairs arms over seeds, each pair on the same

@@ -418,6 +418,12 @@ class TrainConfig(Strict):
         "whose update is non-finite: stop the run (exit 2, MLflow run FAILED) or skip it",
     )
     divergence_loss: float = Field(1e6, gt=0, description="a training loss above this diverged")
+    system: SystemConfig | None = Field(
+        None,
+        description="simulated client links, compute, availability and round policy "
+        "(docs/system.md); absent: no simulated time, every number as without it. Under train, "
+        "so that DVC reruns training when it changes",
+    )
 
     @field_validator("chunk_size", mode="before")
     @classmethod
@@ -566,11 +572,6 @@ class Params(Strict):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     summarize: SummarizeConfig = Field(default_factory=SummarizeConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    system: SystemConfig | None = Field(
-        None,
-        description="simulated client links, compute, availability and round policy "
-        "(docs/system.md); absent: no simulated time, every number as without it",
-    )
 
     @model_validator(mode="after")
     def _runs_exist(self) -> Params:

@@ -310,8 +310,8 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         precision=t.precision,
         on_divergence=t.on_divergence,
         divergence_loss=t.divergence_loss,
-        system=params.system,
-        data_root=resolve_root(params.data.root) if params.system is not None else None,
+        system=t.system,
+        data_root=resolve_root(params.data.root) if t.system is not None else None,
     )
 
 

@@ -83,13 +83,13 @@ def test_bad_input_is_one_clear_error(
 
 def test_set_makes_a_variant_of_the_profile(tmp_path: Path) -> None:
     study = "pipeline/profiles/system_study.yaml"
-    done = _run(tmp_path, study, "v", "1", SET="system.policy.deadline_s=8 train.rounds=5")
+    done = _run(tmp_path, study, "v", "1", SET="train.system.policy.deadline_s=8 train.rounds=5")
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "build/.per_seed/v_s1.yaml").read_text()
-    assert "set system.policy.deadline_s=8 train.rounds=5" in text.splitlines()[0]
+    assert "set train.system.policy.deadline_s=8 train.rounds=5" in text.splitlines()[0]
     got, base = yaml.safe_load(text), yaml.safe_load((ROOT / study).read_text())
-    assert got["system"]["policy"]["deadline_s"] == 8 and got["train"]["rounds"] == 5
+    assert got["train"]["system"]["policy"]["deadline_s"] == 8 and got["train"]["rounds"] == 5
     assert got["partition"]["seed"] == 1 and got["experiment"]["seeds"] == [1]
-    assert got["system"]["links"] == base["system"]["links"] and got["model"] == base["model"]
+    assert got["train"]["system"]["links"] == base["train"]["system"]["links"] and got["model"] == base["model"]
     bad = _run(tmp_path, study, "v", "1", SET="nodots")
     assert bad.returncode != 0 and "is not key.path=value" in bad.stderr

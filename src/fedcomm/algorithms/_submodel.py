@@ -211,5 +211,10 @@ def algorithm(
         broadcast=broadcast,
         client_job=client_job or masked_client(cfg.name),
         server_update=server_update,
-        **{"uploaded_model": uploaded_model, "validate_model": validate_model, **optional},
+        **{
+            "uploaded_model": uploaded_model,
+            "validate_model": validate_model,
+            "sparse_compute": True,  # a sub-model: its dropped units are not computed
+            **optional,
+        },
     )

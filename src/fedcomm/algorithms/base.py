@@ -136,6 +136,9 @@ class FedAlgorithm:
     # why this algorithm's clients cannot be batched (logged when the vectorized backend falls
     # back to sequential for it)
     unbatched: str | None = None
+    # its clients train a masked sparse model or a sub-model: a system section's clock charges
+    # each weight's nonzero fraction of its FLOPs (system/flops.py), not the dense model's
+    sparse_compute: bool = False
 
 
 def no_client_state(client_id: int) -> None:

@@ -298,6 +298,7 @@ def make(cfg: Config) -> FedAlgorithm:
         init_client=lambda client_id: ClientState(),
         uploaded_model=uploaded_model,
         validate_model=partial(check_model, cfg.next_columns),
+        sparse_compute=True,  # each client trains the sub-model of its kept rows
     )
 
 

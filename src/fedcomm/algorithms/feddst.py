@@ -256,6 +256,7 @@ def make(
         uploaded_model=lambda down, up: _masks.decode(up)[0],
         validate_model=validate_model,
         warm_start=warm_start,
+        sparse_compute=True,  # masked training: sparse kernels compute the kept weights only
     )
 
 

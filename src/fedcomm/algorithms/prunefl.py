@@ -286,6 +286,7 @@ def make(cfg: Config) -> FedAlgorithm:
         uploaded_model=uploaded_model,
         validate_model=validate_model,
         warm_start=partial(phase_one, cfg, opt),
+        sparse_compute=True,  # masked training, as FedDST's
         unbatched=(
             "readjustment rounds upload the dense gradient of each client's last minibatch, "
             "taken inside that step at that step's weights: a side output of the step that "

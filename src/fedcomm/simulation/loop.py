@@ -228,7 +228,9 @@ def _run(
     sim = (
         None
         if cfg.system is None
-        else timed.SystemRun.build(cfg.system, model, data, cfg.seed, cfg.data_root)
+        else timed.SystemRun.build(
+            cfg.system, model, data, cfg.seed, cfg.data_root, sparse=algorithm.sparse_compute
+        )
     )
 
     for round_ in range(state.round_ + 1, cfg.rounds + 1):

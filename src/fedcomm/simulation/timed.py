@@ -36,6 +36,7 @@ class SystemRun:
     cfg: SystemConfig
     population: pop.Population
     cost: WeightCost
+    sparse: bool  # the algorithm's sparse_compute: weights charged by their nonzero fraction
 
     @classmethod
     def build(
@@ -45,10 +46,16 @@ class SystemRun:
         data: FederatedTensors,
         seed: int,
         root: Path | None,
+        *,
+        sparse: bool = False,
     ) -> SystemRun:
         source = next(d for d in data.train if d.num_examples)
         cost = forward_flops(model, source.x[:1])
-        return cls(cfg, pop.draw(cfg, data.num_clients, seed, root), cost)
+        return cls(cfg, pop.draw(cfg, data.num_clients, seed, root), cost, sparse)
+
+    def example_flops(self, turn: Turn) -> float:
+        """Training FLOPs of one example of ``turn``'s client (system/flops.py)."""
+        return example_flops(self.cost, turn.result.local_params, sparse=self.sparse)
 
     def sample_size(self, k: int) -> int:
         """``K(1 + f)``, rounded up, at most every client."""
@@ -88,7 +95,7 @@ def time_turn(
     sizes = batch_sizes(turn.result.num_examples, local.batch_size, local.epochs, local.steps)
     if steps is not None:
         sizes = sizes[:steps]
-    work = sum(sizes) * example_flops(sim.cost, turn.result.local_params)
+    work = sum(sizes) * sim.example_flops(turn)
     p = sim.population
     t = client_time(
         cid, p.down[cid], p.up[cid], float(p.latency_s[cid]), float(p.flops_per_s[cid]),
@@ -143,9 +150,7 @@ def settle(
 def _partial(sim: SystemRun, t: Timed, deadline: float, retrain: Retrain) -> Timed | None:
     """``t`` retrained for the steps that fit before ``deadline`` (its full upload's time
     reserved), if any fit and the new upload makes it."""
-    per_example = example_flops(sim.cost, t.turn.result.local_params) / float(
-        sim.population.flops_per_s[t.turn.client_id]
-    )
+    per_example = sim.example_flops(t.turn) / float(sim.population.flops_per_s[t.turn.client_id])
     budget = deadline - 2 * t.time.latency_s - t.time.down_s - t.time.up_s
     fits = min(len(t.sizes) - 1, steps_that_fit(t.sizes, per_example, budget))
     if fits < 1:

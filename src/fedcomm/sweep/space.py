@@ -360,10 +360,11 @@ def load_sweep(path: Path, root: Path | None = None) -> tuple[Sweep, dict[str, A
                 f"(allowed: {sorted(base.algorithms)})"
             )
         full = base.model_dump(mode="json", by_alias=True)
-        if sweep is not None and sweep.objective.sim_time and full.get("system") is None:
+        if sweep is not None and sweep.objective.sim_time and full["train"].get("system") is None:
             problems.append(
                 f"  - objective.reduce={sweep.objective.reduce!r} reads the simulated clock, but "
-                f"{base_name} has no `system` section (add one, or use final / best / at_budget)"
+                f"{base_name} has no `train.system` section (add one, or use final / best / "
+                "at_budget)"
             )
         space = data.get("space")
         if isinstance(space, dict):

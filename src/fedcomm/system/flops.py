@@ -7,13 +7,15 @@ hidden)`` per time step; other modules (activations, pooling, norms, embeddings'
 left out (a few percent of a convolution's or a matrix product's). Training one example costs
 3x its forward pass (the backward pass is about twice the forward).
 
-A client is charged for the layers it actually computes: each weight's FLOPs times the fraction
-of that weight that is nonzero in the model the client trained (a masked sparse model such as
-FedDST's, RandomMask's, PruneFL's and GraSP's costs its density, counted as the FLOPs that sparse
-kernels would execute; a sub-model whose dropped units are zero, FedDrop's, AFD's, FedMP's,
-HeteroFL's, FjORD's and FedBIAD's, costs its kept part; a layer absent from the trained model,
-such as a progressive model's later stages, costs nothing). It is not charged less for FedSparse's
-or FedL1's gates or penalties, which train the dense model.
+A client is charged for the layers it actually computes. For an algorithm whose clients train a
+masked model or a sub-model (``FedAlgorithm.sparse_compute``): each weight's FLOPs times the
+fraction of that weight that is nonzero in the model the client trained. A masked sparse model
+(FedDST, RandomMask, PruneFL, GraSP) costs its density, the FLOPs sparse kernels would execute; a
+sub-model whose dropped units are zero (FedDrop, AFD, FedMP, HeteroFL, FjORD, FedBIAD) costs its
+kept part. A weight absent from the trained model, such as a progressive model's later stages,
+costs nothing. Every other algorithm is charged its weights whole, without a pass over them:
+FedSparse's and FedL1's clients train the dense model (their zeros come from the server's pruning
+or thresholding).
 """
 
 from __future__ import annotations
@@ -75,15 +77,17 @@ def forward_flops(model: nn.Module, example: Tensor) -> WeightCost:
     return {name: (flops, params[name].numel()) for name, flops in out.items() if name in params}
 
 
-def example_flops(cost: WeightCost, trained: Mapping[str, Tensor]) -> float:
+def example_flops(cost: WeightCost, trained: Mapping[str, Tensor], *, sparse: bool) -> float:
     """Training FLOPs of one example for a client that trained ``trained``: each weight's
-    forward FLOPs times its nonzero entries over the full weight's size (a smaller sub-model's
-    tensor counts its size), 0 for a weight absent while others are present, times 3."""
+    forward FLOPs, times 3; a weight absent from ``trained`` while others are present costs
+    nothing. ``sparse`` (an algorithm that trains a masked model or a sub-model): each weight's
+    FLOPs times its nonzero entries over the full weight's size (a smaller sub-model's tensor
+    counts its size); else the weights are charged whole, without a pass over them."""
     if not any(name in trained for name in cost):  # another layout: charged dense
         return TRAIN_OVER_FORWARD * sum(flops for flops, _ in cost.values())
     total = 0.0
     for name, (flops, numel) in cost.items():
         w = trained.get(name)
         if w is not None and numel:
-            total += flops * int(torch.count_nonzero(w)) / numel
+            total += flops * (int(torch.count_nonzero(w)) / numel if sparse else 1.0)
     return TRAIN_OVER_FORWARD * total

@@ -181,7 +181,7 @@ def test_a_trained_run_with_a_system_section_end_to_end(project: Path) -> None:
             "tracking.enabled": False,
             "experiment.runs": ["fedavg"],
             "experiment.seeds": [0, 1],
-            "system": {},
+            "train.system": {},
             "evaluate.targets": [0.01],
             "evaluate.time_budgets_h": [1e6],
         }

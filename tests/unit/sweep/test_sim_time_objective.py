@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from fedcomm.config import ConfigError, Params
+from fedcomm.config import ConfigError
 from fedcomm.sweep.outputs import pareto_mask, render_summary
 from fedcomm.sweep.space import Objective, Sweep, load_sweep
 from fedcomm.sweep.trial import Intermediate, TargetMissed, score
@@ -140,15 +140,14 @@ def test_space_files_check_the_objective_and_the_base_system(tmp_path: Path) -> 
     with pytest.raises(
         ConfigError,
         match=r"objective.reduce='at_time_budget' reads the simulated clock, but base.yaml has "
-        r"no `system` section",
+        r"no `train.system` section",
     ):
         load_sweep(write(tmp_path, timed), tmp_path)
 
 
-@pytest.mark.skipif("system" not in Params.model_fields, reason="params have no system section yet")
 def test_a_base_with_a_system_section_takes_the_time_objectives(tmp_path: Path) -> None:
     ok = space_with({"type": "float", "low": 1e-6, "high": 1e-3, "log": True})
-    base = tiny_params(**{"algorithms.fedsparse": {"name": "fedsparse"}, "system": {}})
+    base = tiny_params(**{"algorithms.fedsparse": {"name": "fedsparse"}, "train.system": {}})
     timed = {**ok, "objective": {"reduce": "time_to_target", "target": 0.8, "penalty_h": 5}}
     sweep, _ = load_sweep(write(tmp_path, timed, base), tmp_path)
     assert sweep.objective.directions == ["minimize"]

@@ -149,3 +149,25 @@ def test_without_system_the_round_is_as_before() -> None:
 def test_partial_work_needs_a_deadline() -> None:
     with pytest.raises(ValueError, match="stragglers must be 'drop' without a deadline"):
         _system(stragglers="partial")
+
+
+def test_masked_training_is_charged_its_density_dense_training_whole() -> None:
+    from fedcomm.algorithms import feddst
+
+    fed = digits_federation(8)
+    cfg = loop.LoopConfig(
+        rounds=1, clients_per_round=3, local=LocalConfig(epochs=1, batch_size=8), seed=0,
+        system=_system(),
+    )  # fmt: skip
+
+    def compute(algo: object) -> dict[int, float]:
+        torch.manual_seed(0)
+        model = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[8])
+        res = loop.run(cfg, algo, model, fed, build_compressor("none"), config_hash="h")  # type: ignore[arg-type]
+        return {c["client_id"]: c["sim_compute_s"] for c in res.state.client_rows}
+
+    dense = compute(fedavg.build(fedavg.Config()))
+    sparse = compute(feddst.build(feddst.Config(sparsity=0.8)))
+    assert dense.keys() == sparse.keys()
+    for cid, seconds in dense.items():  # the weights 80% sparse (every layer at sparsity 0.8)
+        assert sparse[cid] / seconds == pytest.approx(0.2, abs=0.03)
