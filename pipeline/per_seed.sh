@@ -5,7 +5,8 @@
 #   RUNS="fedavg fedbiad" bash pipeline/per_seed.sh PROFILE NAME 0 1 2     (a subset of the runs)
 #   ROUNDS=3 bash pipeline/per_seed.sh PROFILE NAME 0                      (a cost probe)
 #   SET="train.system.policy.deadline_s=8 train.rounds=30" bash pipeline/per_seed.sh PROFILE NAME 0
-#                                      (a variant: each dotted key set to its YAML value)
+#                                      (a variant: each dotted key set to its YAML value;
+#                                       quote a value with spaces: k='{kind: constant, value: 1}')
 #
 # The decision rule (docs/reproductions/README.md) pairs arms over seeds, each pair on the same
 # partition and init. For each SEED this writes PROFILE with `partition.seed: SEED`,
@@ -55,6 +56,7 @@ for seed in "$@"; do
   mkdir -p build/.per_seed
   "$PY" - "$profile" "$params" "$seed" "$runs" "$rounds" "$set_" <<'PY'
 import re
+import shlex
 import sys
 
 import yaml
@@ -73,7 +75,7 @@ for pattern, repl in subs:
         sys.exit(f"error: {base}: {pattern!r} matched {n} times (need exactly one line)")
 if sets:  # a variant: dotted keys set to YAML values
     data = yaml.safe_load(text)
-    for item in sets.split():
+    for item in shlex.split(sets):  # quote a value with spaces: k='{kind: constant, value: 1}'
         key, eq, value = item.partition("=")
         if not eq or not key:
             sys.exit(f"error: SET: {item!r} is not key.path=value")

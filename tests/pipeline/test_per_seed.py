@@ -83,13 +83,21 @@ def test_bad_input_is_one_clear_error(
 
 def test_set_makes_a_variant_of_the_profile(tmp_path: Path) -> None:
     study = "pipeline/profiles/system_study.yaml"
-    done = _run(tmp_path, study, "v", "1", SET="train.system.policy.deadline_s=8 train.rounds=5")
+    links = "train.system.links.up='{kind: constant, value: 1.04}'"
+    done = _run(
+        tmp_path, study, "v", "1", SET=f"train.system.policy.deadline_s=8 train.rounds=5 {links}"
+    )
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "build/.per_seed/v_s1.yaml").read_text()
     assert "set train.system.policy.deadline_s=8 train.rounds=5" in text.splitlines()[0]
+    assert yaml.safe_load(text)["train"]["system"]["links"]["up"] == {
+        "kind": "constant",
+        "value": 1.04,
+    }
     got, base = yaml.safe_load(text), yaml.safe_load((ROOT / study).read_text())
     assert got["train"]["system"]["policy"]["deadline_s"] == 8 and got["train"]["rounds"] == 5
     assert got["partition"]["seed"] == 1 and got["experiment"]["seeds"] == [1]
-    assert got["train"]["system"]["links"] == base["train"]["system"]["links"] and got["model"] == base["model"]
+    assert got["train"]["system"]["links"]["down"] == base["train"]["system"]["links"]["down"]
+    assert got["model"] == base["model"]
     bad = _run(tmp_path, study, "v", "1", SET="nodots")
     assert bad.returncode != 0 and "is not key.path=value" in bad.stderr
