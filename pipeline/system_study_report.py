@@ -1,0 +1,228 @@
+"""The worked study of simulated time (docs/system_study.md): its tables and figures, computed from
+the per-seed curves that pipeline/per_seed.sh committed under docs/system_study/data/.
+
+    python pipeline/system_study_report.py [--write | --check]
+
+Per condition (a build name: the profile, its deadline variant, the ablations) and algorithm,
+over seeds (mean ± SE): the final accuracy (mean of the last 5 evaluations), GiB moved (up +
+down), simulated hours, the GiB and the simulated hours to reach each target accuracy, and the
+share of sampled clients dropped (at the evaluated rounds). Then the two rankings, by GiB to the
+target and by simulated hours to it, and every pair of algorithms that the two put in opposite
+orders, each side decided by the paired one-sided t rule over seeds
+(fedcomm.reporting.verdict.paired, docs/reproductions/README.md). ``--write`` rewrites the
+block between the page's markers and the figures; ``--check`` exits 1 when the page's block is not
+what the data give (a test runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from fedcomm.reporting.plots import plot_accuracy_vs_gib_and_sim_time
+from fedcomm.reporting.verdict import Paired, paired, t_text
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs/system_study/data"
+PAGE = ROOT / "docs/system_study.md"
+IMG = ROOT / "docs/img"
+BEGIN, END = "<!-- study:begin (pipeline/system_study_report.py) -->", "<!-- study:end -->"
+CONDITIONS = {  # build name -> what it is
+    "system_study": "Mahimahi links, AI-Benchmark phones, no deadline",
+    "system_study_deadline": "the same population, a 5 s deadline",
+    "system_study_uniform": "no deadline, every client on the median links (ablation)",
+}
+TARGET = 0.9
+LAST_K = 5
+RENAMES = {  # curves.csv column -> the rounds table's, for the library's plots
+    "comm_cum_gib": "comm/cum_gib",
+    "global_accuracy": "global/accuracy",
+    "time_sim_elapsed_s": "time/sim_elapsed_s",
+}
+
+
+@dataclass(frozen=True)
+class Seed:
+    final: float
+    gib: float
+    hours: float
+    gib_to: float  # inf: never reached
+    hours_to: float
+    dropped: float  # share of the sampled clients dropped, at the evaluated rounds
+
+
+def load(data: Path) -> dict[str, pl.DataFrame]:
+    """Each condition's curves (every seed's file stacked), for the conditions that have any."""
+    out = {}
+    for name in CONDITIONS:
+        files = sorted(data.glob(f"{name}_s[0-9]*.csv"))
+        if files:
+            out[name] = pl.concat([pl.read_csv(f) for f in files], how="diagonal_relaxed")
+    return out
+
+
+def per_seed(curves: pl.DataFrame) -> dict[str, dict[int, Seed]]:
+    """Run -> seed -> its numbers."""
+    out: dict[str, dict[int, Seed]] = {}
+    for (run, seed), g in curves.sort("round").group_by(["run", "seed"], maintain_order=True):
+        g = g.filter(pl.col("global_accuracy").is_not_null())
+        acc = g["global_accuracy"]
+        hit = g.filter(pl.col("global_accuracy") >= TARGET)
+        share = (g["system_dropped"] / g["system_sampled"]).mean()
+        out.setdefault(str(run), {})[int(seed)] = Seed(
+            final=float(acc.tail(LAST_K).mean()),  # type: ignore[arg-type]
+            gib=float(g["comm_cum_gib"].max()),  # type: ignore[arg-type]
+            hours=float(g["time_sim_elapsed_s"].max()) / 3600,  # type: ignore[arg-type]
+            gib_to=float(hit["comm_cum_gib"][0]) if hit.height else math.inf,
+            hours_to=float(hit["time_sim_elapsed_s"][0]) / 3600 if hit.height else math.inf,
+            dropped=float(share),  # type: ignore[arg-type]
+        )
+    return out
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    m = sum(values) / n
+    if n < 2 or math.isinf(m):
+        return m, 0.0
+    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1) / n)
+
+
+def shown(values: list[float], digits: int, scale: float = 1.0) -> str:
+    if any(math.isinf(v) for v in values):
+        reached = sum(not math.isinf(v) for v in values)
+        return f"not reached ({len(values) - reached} of {len(values)} seeds)"
+    m, se = mean_se([v * scale for v in values])
+    return f"{m:.{digits}f} ± {se:.{digits}f}"
+
+
+def table(runs: dict[str, dict[int, Seed]]) -> list[str]:
+    pct = int(TARGET * 100)
+    lines = [
+        f"| run | seeds | final accuracy (%) | GiB | simulated h | GiB to {pct}% | "
+        f"simulated h to {pct}% | dropped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run, seeds in runs.items():
+        s = list(seeds.values())
+        lines.append(
+            f"| {run} | {len(s)} | {shown([x.final for x in s], 2, 100)} | "
+            f"{shown([x.gib for x in s], 2)} | {shown([x.hours for x in s], 3)} | "
+            f"{shown([x.gib_to for x in s], 3)} | {shown([x.hours_to for x in s], 4)} | "
+            f"{shown([x.dropped for x in s], 1, 100)}% |"
+        )
+    return lines
+
+
+def ranking(runs: dict[str, dict[int, Seed]], key: str) -> list[str]:
+    """Runs ordered by the mean of ``key`` (fewest first; never reached last)."""
+    return sorted(runs, key=lambda r: mean_se([getattr(x, key) for x in runs[r].values()])[0])
+
+
+def flips(runs: dict[str, dict[int, Seed]]) -> list[tuple[str, str, Paired, Paired]]:
+    """Pairs (a, b) that GiB to the target ranks a before b and simulated hours b before a, with
+    each order decided over seeds: a needs fewer GiB, b fewer hours."""
+    by_gib = ranking(runs, "gib_to")
+    by_hours = ranking(runs, "hours_to")
+    out = []
+    for a, b in itertools.combinations(by_gib, 2):  # a before b by GiB
+        if by_hours.index(b) < by_hours.index(a):
+            gib = paired(_values(runs[a], "gib_to"), _values(runs[b], "gib_to"), direction="less")
+            hours = paired(
+                _values(runs[b], "hours_to"), _values(runs[a], "hours_to"), direction="less"
+            )
+            out.append((a, b, gib, hours))
+    return out
+
+
+def _values(seeds: dict[int, Seed], key: str) -> dict[int, float]:
+    return {s: getattr(x, key) for s, x in seeds.items() if not math.isinf(getattr(x, key))}
+
+
+def _verdict(p: Paired, unit: str, digits: int) -> str:
+    if p.mean is None or p.se is None or p.t is None:
+        return f"{p.verdict} (n = {p.n})"
+    return (
+        f"{p.mean:+.{digits}f} ± {p.se:.{digits}f} {unit}, t = {t_text(p.t)} "
+        f"(n = {p.n}, t crit {p.t_crit:.2f}): **{p.verdict}**"
+    )
+
+
+def block(conditions: dict[str, pl.DataFrame]) -> str:
+    pct = int(TARGET * 100)
+    out = [BEGIN, ""]
+    for name, curves in conditions.items():
+        runs = per_seed(curves)
+        out += [f"### `{name}`: {CONDITIONS[name]}", "", *table(runs), ""]
+        out.append(f"- ranked by GiB to {pct}%: {' < '.join(ranking(runs, 'gib_to'))}")
+        out.append(
+            f"- ranked by simulated hours to {pct}%: {' < '.join(ranking(runs, 'hours_to'))}"
+        )
+        for a, b, gib, hours in flips(runs):
+            out.append(
+                f"- **{a} vs {b}**: {a} needs fewer GiB ({_verdict(gib, 'GiB', 3)}), {b} fewer "
+                f"simulated hours ({_verdict(hours, 'h', 4)})"
+            )
+        if not flips(runs):
+            out.append("- the two rankings agree")
+        out += ["", f"![{name}](img/{name}.png)", ""]
+    out.append(END)
+    return "\n".join(out)
+
+
+def figures(conditions: dict[str, pl.DataFrame], img: Path) -> None:
+    for name, curves in conditions.items():
+        runs = {
+            str(run): [
+                g.rename({k: v for k, v in RENAMES.items() if k in g.columns}).sort("round")
+                for _, g in c.group_by("seed", maintain_order=True)
+            ]
+            for (run,), c in curves.group_by(["run"], maintain_order=True)
+        }
+        plot_accuracy_vs_gib_and_sim_time(
+            runs, img / f"{name}.png", title=f"{name}: {CONDITIONS[name]}"
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the page's block and figures")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--page", type=Path, default=PAGE)
+    p.add_argument("--img", type=Path, default=IMG)
+    args = p.parse_args()
+    conditions = load(args.data)
+    if not conditions:
+        print(f"no curves under {args.data}", file=sys.stderr)
+        return 2
+    text = block(conditions)
+    if not (args.write or args.check):
+        print(text)
+        return 0
+    page = args.page.read_text()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(page):
+        print(f"{args.page}: no {BEGIN} ... {END} block", file=sys.stderr)
+        return 2
+    if args.check:
+        current = pattern.search(page).group(0)  # type: ignore[union-attr]
+        if current != text:
+            print(f"{args.page}: out of date; run {Path(__file__).name} --write", file=sys.stderr)
+            return 1
+        return 0
+    args.page.write_text(pattern.sub(lambda _: text, page))
+    figures(conditions, args.img)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
