@@ -4,6 +4,7 @@ changes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,3 +172,39 @@ def test_masked_training_is_charged_its_density_dense_training_whole() -> None:
     assert dense.keys() == sparse.keys()
     for cid, seconds in dense.items():  # the weights 80% sparse (every layer at sparsity 0.8)
         assert sparse[cid] / seconds == pytest.approx(0.2, abs=0.03)
+
+
+def test_only_online_clients_are_sampled() -> None:
+    cfg = _system()
+    cfg = cfg.model_copy(update={"availability": SystemConfig.model_validate(
+        {"availability": {"kind": "constant", "p": 0.5}}).availability})  # fmt: skip
+    res = _run(cfg, rounds=3)
+    from fedcomm.system import population
+
+    pop = population.draw(cfg, 8, 0, None)
+    counts = []
+    for row in res.state.round_rows:
+        online = pop.online(0, row["round"], 0.0)  # (a probability: the time does not matter)
+        counts.append(len(online))
+        assert row["system/online"] == len(online)
+        sampled = {c["client_id"] for c in res.state.client_rows if c["round"] == row["round"]}
+        assert sampled <= set(online) and len(sampled) == min(3, len(online))
+    assert min(counts) < 8  # some clients were offline
+
+
+def test_a_round_with_nobody_online_leaves_the_model_and_lasts_the_wait(tmp_path: Path) -> None:
+    windows = tmp_path / "w.csv"
+    windows.write_text("client_id,start_s,end_s\n0,1000000,2000000\n")  # nobody online at first
+    cfg = _system(deadline_s=7.0)
+    cfg = cfg.model_copy(update={"availability": SystemConfig.model_validate(
+        {"availability": {"kind": "windows", "path": str(windows)}}).availability})  # fmt: skip
+    res = _run(cfg, rounds=2)
+    first, second = res.state.round_rows
+    assert first["system/sampled"] == 0 and first["time/sim_round_s"] == 7.0
+    assert second["time/sim_elapsed_s"] == 14.0
+    assert not res.state.client_rows and not res.ledger.rows
+    torch.manual_seed(0)
+    fed = digits_federation(8)
+    init = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[8])
+    for name, p in init.named_parameters():  # the model never moved
+        assert torch.equal(res.final_params[name], p.detach())
