@@ -23,11 +23,12 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 
 from fedcomm.reporting.plots import plot_accuracy_vs_gib_and_sim_time
-from fedcomm.reporting.verdict import Paired, paired, t_text
+from fedcomm.reporting.verdict import paired, t_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs/system_study/data"
@@ -126,38 +127,48 @@ def ranking(runs: dict[str, dict[int, Seed]], key: str) -> list[str]:
     return sorted(runs, key=lambda r: mean_se([getattr(x, key) for x in runs[r].values()])[0])
 
 
-def flips(runs: dict[str, dict[int, Seed]]) -> list[tuple[str, str, Paired, Paired]]:
-    """Pairs (a, b) that GiB to the target ranks a before b and simulated hours b before a, with
-    each order decided over seeds: a needs fewer GiB, b fewer hours."""
+def flips(runs: dict[str, dict[int, Seed]]) -> list[tuple[str, str]]:
+    """Pairs (a, b) that GiB to the target ranks a before b and simulated hours b before a."""
     by_gib = ranking(runs, "gib_to")
     by_hours = ranking(runs, "hours_to")
-    out = []
-    for a, b in itertools.combinations(by_gib, 2):  # a before b by GiB
-        if by_hours.index(b) < by_hours.index(a):
-            gib = paired(_values(runs[a], "gib_to"), _values(runs[b], "gib_to"), direction="less")
-            hours = paired(
-                _values(runs[b], "hours_to"), _values(runs[a], "hours_to"), direction="less"
-            )
-            out.append((a, b, gib, hours))
-    return out
+    return [
+        (a, b)
+        for a, b in itertools.combinations(by_gib, 2)  # a before b by GiB
+        if by_hours.index(b) < by_hours.index(a)
+    ]
 
 
 def _values(seeds: dict[int, Seed], key: str) -> dict[int, float]:
     return {s: getattr(x, key) for s, x in seeds.items() if not math.isinf(getattr(x, key))}
 
 
-def _verdict(p: Paired, unit: str, digits: int) -> str:
+def decided(runs: dict[str, dict[int, Seed]], a: str, b: str, key: str, unit: str) -> str:
+    """``a − b`` of ``key`` over seeds, with the rule's verdict for the side its mean is on."""
+    va, vb = _values(runs[a], key), _values(runs[b], key)
+    probe = paired(va, vb)
+    side: Literal["less", "greater"] = "less" if (probe.mean or 0.0) < 0 else "greater"
+    p = paired(va, vb, direction=side)
+    word = "fewer" if side == "less" else "more"
+    digits = 3 if unit == "GiB" else 4
     if p.mean is None or p.se is None or p.t is None:
-        return f"{p.verdict} (n = {p.n})"
+        return f"{a} {word}: {p.verdict} (n = {p.n})"
     return (
-        f"{p.mean:+.{digits}f} ± {p.se:.{digits}f} {unit}, t = {t_text(p.t)} "
-        f"(n = {p.n}, t crit {p.t_crit:.2f}): **{p.verdict}**"
+        f"{a} − {b} = {p.mean:+.{digits}f} ± {p.se:.{digits}f} {unit} (t = {t_text(p.t)}, "
+        f"n = {p.n}): {a} needs {word}, **{p.verdict}**"
     )
 
 
 def block(conditions: dict[str, pl.DataFrame]) -> str:
     pct = int(TARGET * 100)
     out = [BEGIN, ""]
+    first = per_seed(next(iter(conditions.values())))
+    pairs = flips(first)  # the pairs the main condition's two rankings put in opposite orders
+    out.append(
+        "Pairs that the first condition's two rankings put in opposite orders: "
+        + (", ".join(f"{a} / {b}" for a, b in pairs) or "none")
+        + "; each is decided in every condition below, on each side by the paired t rule."
+    )
+    out.append("")
     for name, curves in conditions.items():
         runs = per_seed(curves)
         out += [f"### `{name}`: {CONDITIONS[name]}", "", *table(runs), ""]
@@ -165,13 +176,14 @@ def block(conditions: dict[str, pl.DataFrame]) -> str:
         out.append(
             f"- ranked by simulated hours to {pct}%: {' < '.join(ranking(runs, 'hours_to'))}"
         )
-        for a, b, gib, hours in flips(runs):
-            out.append(
-                f"- **{a} vs {b}**: {a} needs fewer GiB ({_verdict(gib, 'GiB', 3)}), {b} fewer "
-                f"simulated hours ({_verdict(hours, 'h', 4)})"
-            )
         if not flips(runs):
             out.append("- the two rankings agree")
+        for a, b in pairs:
+            if a in runs and b in runs:
+                out.append(
+                    f"- **{a} vs {b}** to {pct}%: GiB {decided(runs, a, b, 'gib_to', 'GiB')}; "
+                    f"simulated hours {decided(runs, a, b, 'hours_to', 'h')}"
+                )
         out += ["", f"![{name}](img/{name}.png)", ""]
     out.append(END)
     return "\n".join(out)
