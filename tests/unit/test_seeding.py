@@ -30,6 +30,7 @@ def test_stream_ids_are_stable() -> None:
         "SERVER": 6,
         "EVAL": 7,
         "ALGORITHM": 8,
+        "SYSTEM": 9,
     }
 
 

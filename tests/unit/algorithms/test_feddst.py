@@ -318,7 +318,7 @@ def test_ledger_charges_mask_bits_once_per_client_with_a_fixed_mask(fed: Federat
     n_m = sum(m.numel() for m in server.masks.values())
     values = 32 * (sum(server.budgets.values()) + 26)
     seen: set[int] = set()
-    for round_, cid, direction, payload_bits, index_bits, meta_bits, _ in res.ledger.rows:
+    for round_, cid, direction, payload_bits, index_bits, meta_bits, *_ in res.ledger.rows:
         assert index_bits == meta_bits == 0
         if direction == "up":
             assert payload_bits == values
