@@ -108,7 +108,7 @@ def table(runs: dict[str, dict[int, Seed]]) -> list[str]:
     pct = int(TARGET * 100)
     lines = [
         f"| run | seeds | final accuracy (%) | GiB | simulated h | GiB to {pct}% | "
-        f"simulated h to {pct}% | dropped |",
+        f"simulated h to {pct}% | dropped (evaluated rounds) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run, seeds in runs.items():
