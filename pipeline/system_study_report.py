@@ -27,6 +27,8 @@ from typing import Literal
 
 import polars as pl
 
+from fedcomm.evaluation.sim_time import HOUR_S, SIM_ELAPSED, sim_hours_to_target
+from fedcomm.evaluation.summaries import first_round_reaching
 from fedcomm.reporting.plots import plot_accuracy_vs_gib_and_sim_time
 from fedcomm.reporting.verdict import paired, t_text
 
@@ -42,10 +44,11 @@ CONDITIONS = {  # build name -> what it is
 }
 TARGET = 0.9
 LAST_K = 5
-RENAMES = {  # curves.csv column -> the rounds table's, for the library's plots
-    "comm_cum_gib": "comm/cum_gib",
-    "global_accuracy": "global/accuracy",
-    "time_sim_elapsed_s": "time/sim_elapsed_s",
+ACCURACY, GIB = "global/accuracy", "comm/cum_gib"
+RENAMES = {  # curves.csv column -> the rounds table's, for the library's summaries and plots
+    "comm_cum_gib": GIB,
+    "global_accuracy": ACCURACY,
+    "time_sim_elapsed_s": SIM_ELAPSED,
 }
 
 
@@ -73,16 +76,16 @@ def per_seed(curves: pl.DataFrame) -> dict[str, dict[int, Seed]]:
     """Run -> seed -> its numbers."""
     out: dict[str, dict[int, Seed]] = {}
     for (run, seed), g in curves.sort("round").group_by(["run", "seed"], maintain_order=True):
-        g = g.filter(pl.col("global_accuracy").is_not_null())
-        acc = g["global_accuracy"]
-        hit = g.filter(pl.col("global_accuracy") >= TARGET)
+        g = g.filter(pl.col("global_accuracy").is_not_null()).rename(RENAMES)  # rounds-table names
+        hit = first_round_reaching(g, ACCURACY, TARGET)
+        hours_to = sim_hours_to_target(g, ACCURACY, TARGET)
         share = (g["system_dropped"] / g["system_sampled"]).mean()
         out.setdefault(str(run), {})[int(seed)] = Seed(
-            final=float(acc.tail(LAST_K).mean()),  # type: ignore[arg-type]
-            gib=float(g["comm_cum_gib"].max()),  # type: ignore[arg-type]
-            hours=float(g["time_sim_elapsed_s"].max()) / 3600,  # type: ignore[arg-type]
-            gib_to=float(hit["comm_cum_gib"][0]) if hit.height else math.inf,
-            hours_to=float(hit["time_sim_elapsed_s"][0]) / 3600 if hit.height else math.inf,
+            final=float(g[ACCURACY].tail(LAST_K).mean()),  # type: ignore[arg-type]
+            gib=float(g[GIB].max()),  # type: ignore[arg-type]
+            hours=float(g[SIM_ELAPSED].max()) / HOUR_S,  # type: ignore[arg-type]
+            gib_to=math.inf if hit is None else float(g.filter(pl.col("round") == hit)[GIB][0]),
+            hours_to=math.inf if hours_to is None else hours_to,
             dropped=float(share),  # type: ignore[arg-type]
         )
     return out
