@@ -27,8 +27,8 @@ from typing import Literal
 
 import polars as pl
 
+from fedcomm.evaluation.curve_points import first_round_reaching
 from fedcomm.evaluation.sim_time import HOUR_S, SIM_ELAPSED, sim_hours_to_target
-from fedcomm.evaluation.summaries import first_round_reaching
 from fedcomm.reporting.plots import plot_accuracy_vs_gib_and_sim_time
 from fedcomm.reporting.verdict import paired, t_text
 

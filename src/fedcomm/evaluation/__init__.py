@@ -7,7 +7,9 @@ from fedcomm.evaluation.metrics import (
     topk_correct,
     weighted_mean,
 )
-from fedcomm.evaluation.summaries import LinkModel, aggregate_seeds, summarize_run
+from fedcomm.evaluation.round_time import LinkModel
+from fedcomm.evaluation.seeds import aggregate_seeds
+from fedcomm.evaluation.summaries import summarize_run
 
 __all__ = [
     "EvalResult",

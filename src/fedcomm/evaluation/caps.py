@@ -87,6 +87,30 @@ def best_within_cap(
     return float(values.max()) if len(values) else None  # type: ignore[arg-type]
 
 
+def best_within_upload_cap(
+    frame: pl.DataFrame, column: str, cap_gib: float, axis: CapAxis = "up_down"
+) -> float | None:
+    """The best ``column`` over rounds whose cumulative traffic on ``axis`` is at most ``cap_gib``.
+
+    FedDST's "upload cap" (Bibikar et al., AAAI 2022, Tables 1-3): the accuracy a run reaches
+    before all clients together have moved ``cap_gib`` GiB. ``axis`` says what counts:
+    ``up_down`` (upload + download, ``cum_bytes``; the reading that reproduces the paper's
+    MNIST FedAvgM row, see above) or ``up`` (upload only, ``cum_up_bytes``). We report
+    the best evaluation within the cap, not the last one (specs/feddst-progfed.md §1(c)); the
+    two agree on rising curves.
+
+    Args:
+        frame: a :func:`.summaries.run_table` (``cum_up_bytes``, ``cum_bytes`` and ``column``).
+        column: the accuracy column.
+        cap_gib: the cap, in GiB (2**30 bytes).
+        axis: what the cap counts (``evaluate.upload_cap_axis``).
+
+    Returns:
+        The best value, or ``None`` when no evaluation falls within the cap.
+    """
+    return best_within_cap(frame, column, cap_gib, axis)
+
+
 def curves_at_caps(
     curves: pl.DataFrame, column: str, caps_gib: list[float], axis: CapAxis = "up_down"
 ) -> pl.DataFrame:

@@ -8,7 +8,7 @@ this round) and the client counts ``system/sampled``, ``system/online``, ``syste
 then every function here returns nothing (``None`` / ``{}``), so its summaries are exactly
 what they were before simulated time existed.
 
-The rules follow the communication budgets' (:func:`~.summaries.best_within_budget`):
+The rules follow the communication budgets' (:func:`~.curve_points.best_within_budget`):
 
 - accuracy at a time budget of ``h`` simulated hours = the **best** evaluated accuracy over the
   rounds whose ``time/sim_elapsed_s`` is at most ``3600·h`` (``None`` when no evaluation fits);
@@ -68,7 +68,7 @@ def _evaluated(frame: pl.DataFrame, column: str) -> pl.DataFrame:
 
 def best_within_time(frame: pl.DataFrame, column: str, budget_h: float) -> float | None:
     """The best ``column`` over the rounds whose simulated elapsed time is at most ``budget_h``
-    hours (the rule of :func:`~.summaries.best_within_budget`, on the simulated clock).
+    hours (the rule of :func:`~.curve_points.best_within_budget`, on the simulated clock).
 
     Args:
         frame: a rounds table with ``round``, ``time/sim_elapsed_s`` and ``column``.

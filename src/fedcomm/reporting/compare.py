@@ -27,7 +27,8 @@ import polars as pl
 
 from fedcomm import atomic
 from fedcomm.config import ConfigError
-from fedcomm.evaluation.summaries import LinkModel, summarize_run
+from fedcomm.evaluation.round_time import LinkModel
+from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.reporting.plots import metric_axis
 from fedcomm.reporting.sections import budget_and_target_sections
 from fedcomm.reporting.summary import write_report

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import polars as pl
 
 from fedcomm.atomic import write_text
-from fedcomm.evaluation.summaries import aggregate_seeds
+from fedcomm.evaluation.seeds import aggregate_seeds
 from fedcomm.reporting.plots import (
     has_sim_time,
     metric_axis,

@@ -14,8 +14,13 @@ import pytest
 
 from fedcomm.config import ConfigError, validate_params
 from fedcomm.errors import InputError
-from fedcomm.evaluation.caps import axis_gib, best_within_cap, curves_at_caps
-from fedcomm.evaluation.summaries import best_within_upload_cap, summarize_run
+from fedcomm.evaluation.caps import (
+    axis_gib,
+    best_within_cap,
+    best_within_upload_cap,
+    curves_at_caps,
+)
+from fedcomm.evaluation.summaries import summarize_run
 from tests.conftest import tiny_params
 from tests.unit.evaluation.test_summaries import LEDGER
 

@@ -23,15 +23,13 @@ import math
 import polars as pl
 import pytest
 
-from fedcomm.evaluation.summaries import (
-    LinkModel,
-    aggregate_seeds,
+from fedcomm.evaluation.round_time import LinkModel, round_seconds, server_seconds
+from fedcomm.evaluation.seeds import aggregate_seeds
+from fedcomm.evaluation.summaries import summarize_run
+from fedcomm.evaluation.traffic import (
     cumulative_at_rounds,
     cumulative_bytes,
     max_client_bits,
-    round_seconds,
-    server_seconds,
-    summarize_run,
     upload_ratios,
 )
 
@@ -212,7 +210,7 @@ def test_upload_ratios_per_round_dense_model_over_sent() -> None:
     assert out["up_bits"].to_list() == [200, 400]
     assert out["up_dense_bits"].to_list() == [800, 400]
     assert out["up_ratio"].to_list() == [4.0, 1.0]
-    from fedcomm.experiment import upload_summary
+    from fedcomm.stages.evaluate import upload_summary
 
     summary = upload_summary(ledger, 400)
     assert summary["up_ratio_mean"] == 2.5  # mean over rounds, not 1200 / 600

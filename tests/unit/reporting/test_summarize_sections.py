@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedcomm.summarize import budget_and_target_sections, upload_section
+from fedcomm.stages.summarize import budget_and_target_sections, upload_section
 
 
 def _run(caps: dict[str, float | None], kb: float, ratio: float | None) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def test_upload_cap_table_left_out_without_caps() -> None:
 
 
 def test_upload_section_ratio_vs_dense_is_the_mean_over_seeds() -> None:
-    from fedcomm.evaluation.summaries import aggregate_seeds
+    from fedcomm.evaluation.seeds import aggregate_seeds
 
     rows = upload_section({run: aggregate_seeds(s) for run, s in SUMMARIES.items()}).splitlines()
     assert "Upload ratio vs dense (mean over rounds)" in rows[2]

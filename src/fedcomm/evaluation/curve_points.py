@@ -1,0 +1,59 @@
+"""Points read off a run's curve (a rounds or run table, one row per round): the last measured
+value, the best value and the first round reaching it, the first round reaching a target, and
+the best value within a communication budget. Unevaluated rounds (null or NaN) are skipped; every
+value returned is JSON-safe (``None`` for none)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import polars as pl
+
+
+def json_float(value: Any) -> float | None:
+    """A JSON-safe float: ``None`` for null and NaN."""
+    if value is None:
+        return None
+    out = float(value)
+    return None if math.isnan(out) else out
+
+
+def last_value(frame: pl.DataFrame, column: str) -> float | None:
+    """The value of ``column`` in the last row (by round) where it is non-null and not NaN."""
+    if column not in frame.columns:
+        return None
+    values = frame.sort("round")[column].fill_nan(None).drop_nulls()
+    return json_float(values[-1]) if len(values) else None
+
+
+def best_value(frame: pl.DataFrame, column: str) -> tuple[float | None, int | None]:
+    """The maximum of ``column`` and the first round reaching it (``(None, None)`` if none)."""
+    if column not in frame.columns:
+        return None, None
+    valid = frame.select("round", pl.col(column).fill_nan(None)).drop_nulls().sort("round")
+    if valid.is_empty():
+        return None, None
+    row = valid.row(int(valid[column].arg_max() or 0), named=True)
+    return json_float(row[column]), int(row["round"])
+
+
+def first_round_reaching(frame: pl.DataFrame, column: str, target: float) -> int | None:
+    """The first round whose ``column`` is ``>= target``, or ``None``."""
+    if column not in frame.columns:
+        return None
+    hit = frame.filter(pl.col(column).fill_nan(None) >= target).sort("round")  # NaN sorts high
+    return int(hit["round"][0]) if hit.height else None
+
+
+def _best_where(frame: pl.DataFrame, column: str, within: pl.Expr) -> float | None:
+    """The maximum of ``column`` over the rows where ``within`` holds (``None`` if none)."""
+    if column not in frame.columns:
+        return None
+    values = frame.filter(within)[column].fill_nan(None).drop_nulls()
+    return json_float(values.max()) if len(values) else None
+
+
+def best_within_budget(frame: pl.DataFrame, column: str, budget_gib: float) -> float | None:
+    """The best ``column`` over rounds with ``cum_gib <= budget_gib`` (``None`` if none)."""
+    return _best_where(frame, column, pl.col("cum_gib") <= budget_gib)
