@@ -7,11 +7,12 @@ params section                  module
 ``data``                        :mod:`fedcomm.config.data`
 ``partition``                   :mod:`fedcomm.config.partition`
 ``model``                       :mod:`fedcomm.config.model`
-``train``                       :mod:`fedcomm.config.train` (``train.compressor``:
-                                :mod:`fedcomm.comm.compressors.config`; ``train.system``:
-                                :mod:`fedcomm.system.config`; ``train.local``: the local step)
-``algorithms.<run>``            :mod:`fedcomm.config.params` (the union); each algorithm's
-                                config beside its rule in :mod:`fedcomm.algorithms`
+``train``                       :mod:`fedcomm.config.train`; its sub-sections beside their code:
+                                ``train.local`` :mod:`fedcomm.algorithms.core.local`,
+                                ``train.compressor`` :mod:`fedcomm.comm.compressors.config`,
+                                ``train.system`` :mod:`fedcomm.system.config`
+``algorithms``                  :mod:`fedcomm.config.params` (the union on ``name``); each
+                                algorithm's config beside its rule in :mod:`fedcomm.algorithms`
 ``evaluate``                    :mod:`fedcomm.config.evaluate`
 ``summarize``                   :mod:`fedcomm.config.summarize`
 ``tracking``                    :mod:`fedcomm.config.params`
