@@ -35,7 +35,8 @@ from fedcomm.algorithms import build_algorithm, fedavg
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import ClientData
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import DATA_ROOT_ENV, load_dataset
+from fedcomm.data.datasets.registry import load_dataset
+from fedcomm.data.datasets.verify import DATA_ROOT_ENV
 from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.data.types import Dataset
 from fedcomm.evaluation.metrics import evaluate

@@ -75,7 +75,7 @@ from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import ClientData
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import Params, model_options, read_yaml_mapping, validate_params
-from fedcomm.data import text
+from fedcomm.data.datasets.ptb import ptb_from_streams
 from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.data.types import Dataset
 from fedcomm.errors import InputError
@@ -249,7 +249,7 @@ def synthetic_images(name: str, n: int, shape: tuple[int, ...], classes: int, se
 
 def synthetic_ptb(seq_len: int, divisor: int, seed: int) -> Dataset:
     """Random tokens in streams of PTB's lengths over a vocabulary of its 10,000 words, windowed
-    by the PTB loader's own code (``text.ptb_from_streams``)."""
+    by the PTB loader's own code (``ptb_from_streams``)."""
     g = np.random.default_rng(seed)
     streams = []
     for i, n in enumerate(PTB_TOKENS):
@@ -257,7 +257,7 @@ def synthetic_ptb(seq_len: int, divisor: int, seed: int) -> Dataset:
         if i == 0 and len(ids) >= PTB_VOCAB:  # every word occurs: the vocabulary is full
             ids[:PTB_VOCAB] = g.permutation(PTB_VOCAB)
         streams.append([f"w{t}" for t in ids.tolist()])
-    return text.ptb_from_streams(streams, seq_len=seq_len)
+    return ptb_from_streams(streams, seq_len=seq_len)
 
 
 def federate(dataset: Dataset, spec: PartitionSpec) -> FederatedTensors:

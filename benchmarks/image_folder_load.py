@@ -26,14 +26,16 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-from fedcomm.data import image_folder
-from fedcomm.data.datasets import DATA_ROOT_ENV, load_dataset
+from fedcomm.data.datasets import image_cache, image_files, image_folder
+from fedcomm.data.datasets.registry import load_dataset
+from fedcomm.data.datasets.verify import DATA_ROOT_ENV
 
 PHASES = ("list_images", "content_digests", "decode", "read_cache", "write_cache")
+_CALLER = {"list_images": image_folder, "content_digests": image_folder}  # else image_cache
 
 
 def _timed(phases: dict[str, float], name: str) -> Callable[..., Any]:
-    real = getattr(image_folder, name)
+    real = getattr(_CALLER.get(name, image_cache), name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
@@ -48,8 +50,8 @@ def _timed(phases: dict[str, float], name: str) -> Callable[..., Any]:
 def load_once(root: Path, path: str, cache_dir: Path) -> dict[str, float]:
     """One load with ``cache_dir`` as the decode cache: total and per-phase seconds."""
     phases: dict[str, float] = {}
-    os.environ[image_folder.CACHE_ENV] = str(cache_dir)
-    patches = [patch.object(image_folder, n, _timed(phases, n)) for n in PHASES]
+    os.environ[image_cache.CACHE_ENV] = str(cache_dir)
+    patches = [patch.object(_CALLER.get(n, image_cache), n, _timed(phases, n)) for n in PHASES]
     for p in patches:
         p.start()
     try:
@@ -72,8 +74,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     root = Path(args.data_root)
-    listing = image_folder.list_images(root / args.path)
-    image_folder.content_digests(listing)  # warm the page cache: both loads read warm files
+    listing = image_files.list_images(root / args.path)
+    image_files.content_digests(listing)  # warm the page cache: both loads read warm files
     rows: dict[str, list[dict[str, float]]] = {"first": [], "cached": []}
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:

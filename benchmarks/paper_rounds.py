@@ -43,7 +43,7 @@ import torch
 from fedcomm import experiment
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import Params, load_params
-from fedcomm.data.datasets import DATA_ROOT_ENV
+from fedcomm.data.datasets.verify import DATA_ROOT_ENV
 from fedcomm.data.types import Dataset
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors

@@ -86,7 +86,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @functools.cache
 def digits_federation(num_clients: int = 6) -> Any:
     """A small real federation: digits, Dirichlet(1.0) over ``num_clients``, 80/20 splits."""
-    from fedcomm.data.datasets import load_dataset
+    from fedcomm.data.datasets.registry import load_dataset
     from fedcomm.data.federated import PartitionSpec, make_partition
     from fedcomm.simulation.data import FederatedTensors
 

@@ -20,8 +20,10 @@ import yaml
 from typer.testing import CliRunner
 
 from fedcomm.cli import app
-from fedcomm.data.datasets import DATA_ROOT_ENV, DatasetFileError, load_dataset, read_idx
-from fedcomm.data.image_folder import CACHE_ENV
+from fedcomm.data.datasets.image_cache import CACHE_ENV
+from fedcomm.data.datasets.mnist import read_idx
+from fedcomm.data.datasets.registry import load_dataset
+from fedcomm.data.datasets.verify import DATA_ROOT_ENV, DatasetFileError
 from fedcomm.errors import InputError
 from tests.conftest import tiny_params
 from tests.image_folders import DAMAGES, write_image_folder

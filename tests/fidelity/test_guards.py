@@ -28,7 +28,7 @@ from fedcomm.algorithms import build_algorithm, fedavg, fedbiad, feddst, fedspar
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import AlgorithmConfig
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import load_dataset
+from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.models.registry import build_model
 from fedcomm.server_opt import ServerOptConfig

@@ -218,7 +218,7 @@ def test_dataset_configs_cover_the_dataset_registry() -> None:
     import typing
 
     from fedcomm import config
-    from fedcomm.data.datasets import DATASETS
+    from fedcomm.data.datasets.registry import DATASETS
 
     names = {
         n
@@ -233,7 +233,8 @@ def test_dataset_config_defaults_are_accepted_by_the_loaders(tmp_path: Path) -> 
     import typing
 
     from fedcomm import config
-    from fedcomm.data.datasets import DatasetNotFoundError, load_dataset
+    from fedcomm.data.datasets.registry import load_dataset
+    from fedcomm.data.datasets.verify import DatasetNotFoundError
 
     for cls in typing.get_args(typing.get_args(config.DatasetConfig)[0]):
         for name in typing.get_args(cls.model_fields["name"].annotation):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from fedcomm.data.datasets import load_dataset
+from fedcomm.data.datasets.registry import load_dataset
 
 
 def main(run_dirs: list[str]) -> None:

@@ -12,7 +12,7 @@ def add_entry(registry: MutableMapping[str, _T], what: str, name: str, item: _T)
     """Store ``item`` under ``name``; a name is registered once.
 
     Args:
-        registry: the registry, e.g. :data:`~fedcomm.data.datasets.DATASETS`.
+        registry: the registry, e.g. :data:`~fedcomm.data.datasets.registry.DATASETS`.
         what: what it holds, for the error message (``"dataset"``).
         name: the key.
         item: the value.

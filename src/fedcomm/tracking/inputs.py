@@ -30,7 +30,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from fedcomm.data.datasets import DATA_ROOT_ENV
+from fedcomm.data.datasets.verify import DATA_ROOT_ENV
 from fedcomm.data.federated import MANIFEST
 from fedcomm.errors import InputError
 

@@ -15,7 +15,7 @@ from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms.base import RoundContext
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
-from fedcomm.data.datasets import load_dataset
+from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.models import build_model, groups
 from fedcomm.server_opt import ServerOptConfig

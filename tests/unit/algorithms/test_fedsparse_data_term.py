@@ -16,7 +16,7 @@ from fedcomm.algorithms import build_algorithm, fedsparse
 from fedcomm.algorithms._fedsparse_local import SCALE, objective, penalty_scale
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import load_dataset
+from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors

@@ -10,16 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcomm.data import text
-from fedcomm.data.datasets import (
-    DATA_ROOT_ENV,
-    DATASETS,
-    DatasetNotFoundError,
-    load_dataset,
-    read_idx,
-    register,
-    resolve_root,
-)
+from fedcomm.data.datasets import shakespeare, text
+from fedcomm.data.datasets.mnist import read_idx
+from fedcomm.data.datasets.registry import DATASETS, load_dataset, register, resolve_root
+from fedcomm.data.datasets.verify import DATA_ROOT_ENV, DatasetNotFoundError
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
@@ -241,7 +235,7 @@ def test_shakespeare_prefers_leaf_json(tmp_path: Path) -> None:
         json.dump(blob, f)
     ds = load_dataset("shakespeare", tmp_path, min_samples=1)
     assert ds.x.shape == (3, 4) and ds.natural_names == ("A_KING", "B_Q")
-    letters = text.SHAKESPEARE_LETTERS
+    letters = shakespeare.SHAKESPEARE_LETTERS
     assert "".join(letters[i] for i in ds.x[2]) == "zz z"  # unknown '@' becomes a space
     assert "".join(letters[i] for i in ds.y) == "d!a"
     assert load_dataset("shakespeare", tmp_path).natural_names == ("A_KING",)  # min_samples=2
@@ -254,7 +248,13 @@ def test_text_windows() -> None:
     x, y = text.sequence_windows(ids, 3, 3)
     assert x.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]] and y[:, -1].tolist() == [3, 6, 9]
     assert text.num_windows(10, 3, 3) == 3 == len(x) and text.num_windows(3, 3, 1) == 0
-    assert text.tokenize_words("'Tis so, my LORD's-man!") == ["tis", "so", "my", "lord's", "man"]
+    assert shakespeare.tokenize_words("'Tis so, my LORD's-man!") == [
+        "tis",
+        "so",
+        "my",
+        "lord's",
+        "man",
+    ]
     vocab = text.build_vocab([["b", "a", "b", "c"]], specials=("<pad>",), max_size=3)
     assert vocab == ("<pad>", "b", "a")
 

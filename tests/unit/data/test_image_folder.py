@@ -12,9 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcomm.data import image_folder
-from fedcomm.data.datasets import DatasetFileError, DatasetNotFoundError, load_dataset
-from fedcomm.data.image_folder import CACHE_ENV, CacheWarning, Release
+from fedcomm.data.datasets import image_cache, image_files, image_folder
+from fedcomm.data.datasets.image_cache import CACHE_ENV, CacheWarning
+from fedcomm.data.datasets.image_folder import Release
+from fedcomm.data.datasets.registry import load_dataset
+from fedcomm.data.datasets.verify import DatasetFileError, DatasetNotFoundError
+from fedcomm.data.types import Dataset
 from tests.image_folders import DAMAGES, image_pixels, write_image, write_image_folder
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
@@ -32,17 +35,17 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the folder decodes (one entry, the image count, per decode)."""
     calls: list[int] = []
-    real = image_folder.decode
+    real = image_files.decode
 
-    def spy(listing: image_folder.Listing, *args: object, **kwargs: object) -> np.ndarray:
+    def spy(listing: image_files.Listing, *args: object, **kwargs: object) -> np.ndarray:
         calls.append(len(listing.files))
         return real(listing, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(image_folder, "decode", spy)
+    monkeypatch.setattr(image_cache, "decode", spy)
     return calls
 
 
-def _load(root: Path, path: str = "imgs", **options: object) -> image_folder.Dataset:
+def _load(root: Path, path: str = "imgs", **options: object) -> Dataset:
     return load_dataset("image_folder", root, path=path, **options)
 
 
@@ -247,11 +250,11 @@ def test_cache_off_and_an_unusable_cache_dir(
 def test_cache_dir_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert image_folder.cache_root() == tmp_path / "xdg" / "fedcomm"
+    assert image_cache.cache_root() == tmp_path / "xdg" / "fedcomm"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert image_folder.cache_root() == Path.home() / ".cache" / "fedcomm"
+    assert image_cache.cache_root() == Path.home() / ".cache" / "fedcomm"
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
-    assert image_folder.cache_root() == tmp_path / "mine"
+    assert image_cache.cache_root() == tmp_path / "mine"
 
 
 def test_float_conversion_is_the_usual_one() -> None:
@@ -305,8 +308,8 @@ def test_verify_compares_a_known_release_digest(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = write_image_folder(tmp_path / "imgs", per_class=(2, 1))
-    listing = image_folder.list_images(folder)
-    digest, _ = image_folder.content_digests(listing)
+    listing = image_files.list_images(folder)
+    digest, _ = image_files.content_digests(listing)
     # the digest is of the files concatenated in sorted path order (the README's recipe)
     paths = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.jpg"))
     joined = b"".join((folder / p).read_bytes() for p in paths)

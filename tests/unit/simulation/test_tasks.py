@@ -14,7 +14,7 @@ import torch
 from fedcomm.algorithms import build_algorithm, fedavg
 from fedcomm.algorithms._local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
-from fedcomm.data.datasets import load_dataset
+from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.data.federated import PartitionSpec, make_partition
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

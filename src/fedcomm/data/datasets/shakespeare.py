@@ -1,42 +1,46 @@
-"""Text datasets: Shakespeare (next character / next word) and Penn Treebank (next word).
+"""``shakespeare``: next character (LEAF JSON, else the roles JSONL) or next word (roles JSONL).
 
-File lookup, option parsing and registration live in :mod:`fedcomm.data.datasets`; this module
-turns already located files into :class:`~fedcomm.data.types.Dataset` objects.
-
-Choices (documented because they differ between papers):
+Choices (documented because they differ between papers; windows: :mod:`.text`):
 
 * **Characters.** Next-character models use LEAF's 80-symbol alphabet
   :data:`SHAKESPEARE_LETTERS` (id = position in the string, as LEAF's ``letter_to_index``).
   Characters outside it (e.g. ``@``, ``/``, ``_``, ``{``, non-ASCII) are mapped to the space
   character rather than dropped, so window positions stay aligned with the text.
-* **Windows.** LEAF slides the window by one character, which multiplies the data by the window
-  length. Here windows advance by ``stride`` positions, by default ``seq_len`` (non-overlapping).
-  A next-character window is ``seq_len`` ids plus the following id as its target; a sequence
-  (next-word / PTB) window is ``seq_len + 1`` ids, ``x = w[:-1]`` and ``y = w[1:]``.
-* **Words (Shakespeare).** Text is lower-cased and split into runs of ``[a-z0-9']``; apostrophes
-  at either end of a run are stripped (``'tis`` -> ``tis``), punctuation is dropped. Vocabulary:
-  ``0 = <pad>``, ``1 = <unk>``, then words by frequency (descending, ties alphabetical) up to
-  ``vocab_size`` entries in total, built from the roles that are kept.
+* **Words.** Text is lower-cased and split into runs of ``[a-z0-9']``; apostrophes at either end
+  of a run are stripped (``'tis`` -> ``tis``), punctuation is dropped. Vocabulary: ``0 = <pad>``,
+  ``1 = <unk>``, then words by frequency (descending, ties alphabetical) up to ``vocab_size``
+  entries in total, built from the roles that are kept.
 * **Roles.** ``min_samples`` and ``max_roles`` select the first roles (in file order) with at
   least ``min_samples`` windows; ``natural_id`` is the index among the kept roles.
-* **PTB.** Whitespace tokens plus ``<eos>`` per line (Mikolov / PyTorch example convention);
-  vocabulary over all files present, by frequency (descending, ties alphabetical). Windows are
-  cut per file, so none spans two splits.
+* ``target="next_word"`` always reads ``roles.jsonl.gz`` (LEAF JSON holds next-char windows
+  only). Roles records need string ``play``, ``role`` and ``text``.
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
+from fedcomm.data.datasets.leaf import find_leaf, iter_leaf_users
+from fedcomm.data.datasets.options import Options
+from fedcomm.data.datasets.registry import register
+from fedcomm.data.datasets.text import (
+    PAD,
+    UNK,
+    build_vocab,
+    char_windows,
+    encode_tokens,
+    num_windows,
+    sequence_windows,
+    stack_windows,
+)
+from fedcomm.data.datasets.verify import not_found, reading
 from fedcomm.data.types import Dataset
 from fedcomm.errors import one_line
 
@@ -47,7 +51,6 @@ _Seq = TypeVar("_Seq", bound=Sized)
 SHAKESPEARE_LETTERS = (
     "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 )
-PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
 
 _SPACE_ID = SHAKESPEARE_LETTERS.index(" ")
 _CHAR_TABLE = np.full(128, _SPACE_ID, dtype=np.int64)  # ASCII code -> letter id
@@ -56,74 +59,15 @@ for _i, _c in enumerate(SHAKESPEARE_LETTERS):
 _WORD_RE = re.compile(r"[a-z0-9']+")
 
 
-# --- encoding and windows ----------------------------------------------------------------------
-
-
 def encode_chars(text: str) -> np.ndarray:
     """Map text to ``(len(text),)`` int64 LEAF letter ids; unknown characters become spaces."""
     codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.int64)
     return np.where(codes < 128, _CHAR_TABLE[np.minimum(codes, 127)], _SPACE_ID)
 
 
-def char_windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """Cut ``ids`` into next-character examples.
-
-    Returns:
-        ``x`` ``(n, seq_len)`` int64 and ``y`` ``(n,)`` int64, the id right after each window.
-    """
-    starts = np.arange(0, max(len(ids) - seq_len, 0), stride)  # need ids[s + seq_len]
-    x = ids[starts[:, None] + np.arange(seq_len)]  # (n, seq_len)
-    return x.astype(np.int64, copy=False), ids[starts + seq_len].astype(np.int64, copy=False)
-
-
-def sequence_windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """Cut ``ids`` into language-model examples of ``seq_len + 1`` ids each.
-
-    Returns:
-        ``x`` ``(n, seq_len)`` and ``y`` ``(n, seq_len)`` int64 with ``y[:, t] = x[:, t + 1]``
-        inside the text (``y`` is ``x`` shifted by one).
-    """
-    starts = np.arange(0, max(len(ids) - seq_len, 0), stride)  # need ids[s + seq_len]
-    w = ids[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64, copy=False)  # (n, T + 1)
-    return w[:, :-1], w[:, 1:]
-
-
-def num_windows(length: int, seq_len: int, stride: int) -> int:
-    """Number of windows :func:`char_windows` / :func:`sequence_windows` cut from ``length``."""
-    return 0 if length <= seq_len else (length - seq_len - 1) // stride + 1
-
-
 def tokenize_words(text: str) -> list[str]:
     """Lower-cased word tokens of ``text`` (see the module docstring)."""
     return [w for w in (t.strip("'") for t in _WORD_RE.findall(text.lower())) if w]
-
-
-def build_vocab(
-    streams: Iterable[Sequence[str]], specials: Sequence[str] = (), max_size: int | None = None
-) -> tuple[str, ...]:
-    """``specials`` then tokens by frequency (descending, ties alphabetical), ``max_size`` total."""
-    counts = Counter(tok for stream in streams for tok in stream)
-    for s in specials:
-        counts.pop(s, None)
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    vocab = [*specials, *(tok for tok, _ in ranked)]
-    return tuple(vocab if max_size is None else vocab[:max_size])
-
-
-def encode_tokens(tokens: Sequence[str], index: Mapping[str, int], unk: int) -> np.ndarray:
-    """``(len(tokens),)`` int64 ids; tokens missing from ``index`` map to ``unk``."""
-    return np.fromiter((index.get(t, unk) for t in tokens), dtype=np.int64, count=len(tokens))
-
-
-def _stack(
-    parts: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, y_dims: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Concatenate per-client ``(x, y)`` parts; returns ``x``, ``y`` and ``natural_id``."""
-    if not parts:
-        y_shape = (0,) if y_dims == 1 else (0, seq_len)
-        return np.zeros((0, seq_len), np.int64), np.zeros(y_shape, np.int64), np.zeros(0, np.int64)
-    ids = np.concatenate([np.full(len(x), k, dtype=np.int64) for k, (x, _) in enumerate(parts)])
-    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts]), ids
 
 
 # --- Shakespeare ---------------------------------------------------------------------------------
@@ -165,14 +109,18 @@ def shakespeare_from_roles(
     """Build the Shakespeare dataset from ``(name, text)`` roles (one natural client each)."""
     if target == "next_char":
         names, chars = _select_roles(roles, encode_chars, seq_len, stride, min_samples, max_roles)
-        x, y, nid = _stack([char_windows(c, seq_len, stride) for c in chars], seq_len, y_dims=1)
+        x, y, nid = stack_windows(
+            [char_windows(c, seq_len, stride) for c in chars], seq_len, y_dims=1
+        )
         vocab: tuple[str, ...] = tuple(SHAKESPEARE_LETTERS)
     else:
         names, words = _select_roles(roles, tokenize_words, seq_len, stride, min_samples, max_roles)
         vocab = build_vocab(words, specials=(PAD, UNK), max_size=vocab_size)
         index = {tok: i for i, tok in enumerate(vocab)}
         encoded = [encode_tokens(w, index, unk=1) for w in words]
-        x, y, nid = _stack([sequence_windows(e, seq_len, stride) for e in encoded], seq_len, 2)
+        x, y, nid = stack_windows(
+            [sequence_windows(e, seq_len, stride) for e in encoded], seq_len, 2
+        )
     return _shakespeare(x, y, nid, names, vocab)
 
 
@@ -239,7 +187,7 @@ def shakespeare_from_leaf(
         parts.append(_leaf_user_arrays(uid, xs, ys, seq_len))
         names.append(uid)
     width = seq_len if seq_len is not None else (parts[0][0].shape[1] if parts else 80)
-    x, y, nid = _stack(parts, width, y_dims=1)
+    x, y, nid = stack_windows(parts, width, y_dims=1)
     return _shakespeare(x, y, nid, names, tuple(SHAKESPEARE_LETTERS))
 
 
@@ -256,25 +204,66 @@ def _leaf_user_arrays(
     return x, encode_chars("".join(ys))  # (n,)
 
 
-# --- Penn Treebank -------------------------------------------------------------------------------
+# --- the loader -----------------------------------------------------------------------------------
 
 
-def ptb_tokens(content: str) -> list[str]:
-    """Whitespace tokens of Mikolov PTB text with ``<eos>`` after every line (lines split as a
-    file opened in text mode splits them: at LF, CRLF or CR)."""
-    return [tok for line in io.StringIO(content, newline=None) for tok in (*line.split(), EOS)]
+def _shakespeare_user(uid: str, rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """One LEAF Shakespeare role, checked: ``x`` equally long strings, ``y`` single characters."""
+    xs, ys = rec.get("x"), rec.get("y")
+    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys):
+        raise ValueError(f"user {uid!r}: needs 'x' and 'y' lists of the same length")
+    if not all(isinstance(s, str) and len(s) == len(xs[0]) for s in xs) or not all(
+        isinstance(c, str) and len(c) == 1 for c in ys
+    ):
+        raise ValueError(f"user {uid!r}: ragged x strings or y not single characters")
+    return rec
 
 
-def read_ptb_tokens(path: Path) -> list[str]:
-    """Whitespace tokens of a Mikolov PTB file with ``<eos>`` after every line."""
-    with open(path, encoding="utf-8") as f:
-        return ptb_tokens(f.read())
+@register("shakespeare")
+def _load_shakespeare(root: Path | None, options: Mapping[str, Any]) -> Dataset:
+    """Shakespeare next-char (LEAF JSON, else roles JSONL) or next-word (roles JSONL).
+
+    See :mod:`fedcomm.data.text` for windows, vocabularies and role selection.
+    """
+    o = Options(
+        "shakespeare",
+        options,
+        ("target", "seq_len", "stride", "max_roles", "min_samples", "vocab_size"),
+    )
+    target = o.choice("target", "next_char", ("next_char", "next_word"))
+    seq_len, stride = o.optional_integer("seq_len", 1), o.optional_integer("stride", 1)
+    max_roles, min_samples = o.optional_integer("max_roles", 1), o.integer("min_samples", 2, 0)
+    vocab_size = o.integer("vocab_size", 10000, 3)
+    leaf = find_leaf(root, ("shakespeare",)) if target == "next_char" else None
+    if leaf is not None:
+        if stride is not None:
+            raise ValueError("shakespeare: option stride does not apply to LEAF JSON windows")
+        release = "the LEAF Shakespeare shard, or remove it"
+        users = iter_leaf_users([*leaf[0], *leaf[1]], release, _shakespeare_user)
+        return shakespeare_from_leaf(
+            users, seq_len=seq_len, min_samples=min_samples, max_roles=max_roles
+        )
+    roles = root / "shakespeare" / "roles.jsonl.gz" if root is not None else None
+    if roles is None or not roles.is_file():
+        note = " (or, for next_char, LEAF JSON in shakespeare/{train,test}/*.json)"
+        raise not_found("shakespeare", root, ["shakespeare/roles.jsonl.gz"], note)
+    seq_len = seq_len or (80 if target == "next_char" else 20)
+    return shakespeare_from_roles(
+        _read_roles(roles),
+        target=cast(ShakespeareTarget, target),
+        seq_len=seq_len,
+        stride=stride or seq_len,
+        min_samples=min_samples,
+        max_roles=max_roles,
+        vocab_size=vocab_size,
+    )
 
 
-def ptb_from_streams(streams: Sequence[list[str]], *, seq_len: int) -> Dataset:
-    """Build PTB next-word windows (``x`` and ``y`` ``(n, seq_len)``) from token streams."""
-    vocab = build_vocab(streams)
-    index = {tok: i for i, tok in enumerate(vocab)}
-    parts = [sequence_windows(encode_tokens(s, index, 0), seq_len, seq_len) for s in streams]
-    x, y, _ = _stack([p for p in parts if len(p[0])], seq_len, y_dims=2)
-    return Dataset(name="ptb", x=x, y=y, num_classes=len(vocab), task="next_token", vocab=vocab)
+def _read_roles(path: Path) -> list[tuple[str, str]]:
+    """All ``("play/role", text)`` of a roles JSONL file, read to its end (so damage anywhere
+    in it is found, whatever ``max_roles`` keeps)."""
+    with reading(path, "the Shakespeare roles file"):
+        roles = list(read_roles(path))
+        if not roles:
+            raise ValueError("holds no roles")
+    return roles

@@ -1,9 +1,10 @@
-"""What every dataset loader shares: the errors for missing and damaged files and the options
-reader.
+"""The shared verification of dataset files: the errors for missing and damaged files, the
+reading guard and the digest check every loader uses.
 
+:func:`not_found` builds the :class:`DatasetNotFoundError` that names the files to put where;
 :func:`reading` is the one place a reader's or parser's failure becomes a
-:class:`DatasetFileError` naming the file and the remedy; :func:`not_found` builds the
-:class:`DatasetNotFoundError` that says which files to put where (see :mod:`fedcomm.data.datasets`).
+:class:`DatasetFileError` naming the file and the remedy (a fresh copy, see
+``docs/configuration.md``); :func:`check_md5` compares a file with its standard release.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ import gzip
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from fedcomm.errors import InputError, one_line
 
@@ -110,59 +109,6 @@ def check_md5(path: Path, data: bytes, want: str, release: str) -> None:
     if got != want:
         problem = f"MD5 {got} differs from the standard file's {want} (corrupted or modified)"
         raise damaged(path, problem, release, own_copy=True)
-
-
-class Options:
-    """Typed access to a loader's options; rejects unknown names and ill-typed values."""
-
-    def __init__(self, dataset: str, options: Mapping[str, Any], allowed: Sequence[str]) -> None:
-        unknown = sorted(set(options) - set(allowed))
-        if unknown:
-            raise ValueError(f"dataset {dataset!r}: unknown options {unknown}; allowed {allowed}")
-        self.dataset, self.options = dataset, options
-
-    def _bad(self, key: str, want: str) -> ValueError:
-        return ValueError(f"dataset {self.dataset!r}: option {key}={self.options[key]!r}: {want}")
-
-    def flag(self, key: str, default: bool) -> bool:
-        v = self.options.get(key, default)
-        if not isinstance(v, bool | np.bool_):
-            raise self._bad(key, "expected a bool")
-        return bool(v)
-
-    def integer(self, key: str, default: int, minimum: int) -> int:
-        v = self.optional_integer(key, minimum, default)
-        if v is None:
-            raise self._bad(key, f"expected an integer >= {minimum}")
-        return v
-
-    def optional_integer(self, key: str, minimum: int, default: int | None = None) -> int | None:
-        v = self.options.get(key, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < minimum:
-            raise self._bad(key, f"expected an integer >= {minimum}")
-        return int(v)
-
-    def number(self, key: str, default: float, minimum: float) -> float:
-        v = self.options.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float | np.number) or not v >= minimum:
-            raise self._bad(key, f"expected a number >= {minimum}")
-        return float(v)
-
-    def choice(self, key: str, default: str, choices: Sequence[str]) -> str:
-        v = self.options.get(key, default)
-        if v not in choices:
-            raise self._bad(key, f"expected one of {list(choices)}")
-        return str(v)
-
-    def required_string(self, key: str, example: str) -> str:
-        if key not in self.options:
-            raise ValueError(f"dataset {self.dataset!r}: option {key} is required (e.g. {example})")
-        v = self.options[key]
-        if not isinstance(v, str) or not v:
-            raise self._bad(key, f"expected a non-empty string (e.g. {example})")
-        return v
 
 
 def open_data(path: Path) -> Any:
