@@ -27,15 +27,8 @@ from fedcomm.comm import bits
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, Params, keyed, model_options
 from fedcomm.data.datasets import load_dataset, resolve_root
-from fedcomm.data.federated import (
-    Partition,
-    PartitionSpec,
-    make_partition,
-    partition_hash,
-    partition_is_current,
-    read_partition,
-    write_partition,
-)
+from fedcomm.data.federated import Partition, PartitionSpec, make_partition, partition_hash
+from fedcomm.data.partition_files import partition_is_current, read_partition, write_partition
 from fedcomm.data.partitioners import PartitionError
 from fedcomm.data.types import Dataset
 from fedcomm.evaluation.summaries import LinkModel, summarize_run, upload_ratios

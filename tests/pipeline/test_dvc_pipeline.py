@@ -90,7 +90,7 @@ def test_dvc_reports_metrics_and_plots(repo: Path) -> None:
 
 def test_partition_is_refused_when_stale(repo: Path) -> None:
     from fedcomm.config import validate_params
-    from fedcomm.data.federated import StalePartitionError
+    from fedcomm.data.partition_files import StalePartitionError
     from fedcomm.experiment import Paths, load_federated
 
     raw = yaml.safe_load((repo / "params.yaml").read_text())

@@ -31,7 +31,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from fedcomm.data.datasets.verify import DATA_ROOT_ENV
-from fedcomm.data.federated import MANIFEST
+from fedcomm.data.partition_files import MANIFEST
 from fedcomm.errors import InputError
 
 CONTEXT = "training"  # MLflow's dataset context tag: what the run used the data for

@@ -13,12 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcomm.data.federated import (
-    Partition,
-    PartitionSpec,
+from fedcomm.data.federated import Partition, PartitionSpec, make_partition, partition_hash
+from fedcomm.data.partition_files import (
     StalePartitionError,
-    make_partition,
-    partition_hash,
     partition_is_current,
     read_partition,
     write_partition,
