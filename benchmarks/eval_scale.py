@@ -9,7 +9,7 @@ random tensors of CIFAR-10's shape, 60,000 x 3x32x32, 6,000 per class (``--data 
     python benchmarks/eval_scale.py validate [--clients 400] [--data synthetic]
     python benchmarks/eval_scale.py rounds [--clients 400] [--rounds 3] [--data synthetic]
 
-``validate`` runs what ``fedcomm config validate`` runs (``experiment.check_experiment``: load the
+``validate`` runs what ``fedcomm config validate`` runs (``stages.train.check_experiment``: load the
 data, draw the partition in memory, build the client tensors, check the run). ``rounds`` builds
 the same and trains ``--rounds`` rounds twice in the same process, interleaved per repeat: with
 global and local evaluation every round (``eval`` rows), and with neither (``train`` rows:
@@ -35,12 +35,12 @@ from unittest.mock import patch
 
 import numpy as np
 
-from fedcomm import experiment
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import load_params, validate_params
 from fedcomm.data.types import Dataset
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.stages import partition, train
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "pipeline" / "reproductions" / "feddst_cifar10.yaml"
@@ -97,7 +97,7 @@ def rounds(args: argparse.Namespace, dataset: Dataset) -> dict[str, Any]:
     seed = 0
     t0 = time.perf_counter()
     params = params_for(args, 1, 1)
-    part = experiment.draw_partition(params, dataset)
+    part = partition.draw_partition(params, dataset)
     data = FederatedTensors.build(dataset, part.train, part.test)
     build_s = time.perf_counter() - t0
     sizes = [len(t) for t in part.test]
@@ -116,8 +116,8 @@ def rounds(args: argparse.Namespace, dataset: Dataset) -> dict[str, Any]:
             if label not in args.variants:
                 continue
             p = params_for(args, every, every)
-            model, algorithm = experiment.check_run(p, "feddst", seed, data)
-            cfg = experiment.loop_config(p, seed, "feddst")
+            model, algorithm = train.check_run(p, "feddst", seed, data)
+            cfg = train.loop_config(p, seed, "feddst")
             clock = EvalClock()
             clock.global_x = data.global_test.x
             patches = [patch.object(loop, "evaluate", clock.wrap(vars(loop)["evaluate"], None))]
@@ -185,13 +185,13 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     dataset = synthetic(0) if args.data == "synthetic" else None
-    load = experiment.load_data if dataset is None else (lambda p: dataset)
-    with patch.object(experiment, "load_data", load):
+    load = partition.load_data if dataset is None else (lambda p: dataset)
+    with patch.object(train, "load_data", load):
         if args.phase == "validate":
-            clients = experiment.check_experiment(params_for(args, 1, 1))
+            clients = train.check_experiment(params_for(args, 1, 1))
             result: dict[str, Any] = {"clients": clients}
         else:
-            loaded = experiment.load_data(params_for(args, 1, 1))
+            loaded = partition.load_data(params_for(args, 1, 1))
             result = rounds(args, loaded)
     result.update(phase=args.phase, data=args.data, total_s=time.perf_counter() - t0)
     result["peak_gb"] = peak_gb()

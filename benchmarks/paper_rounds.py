@@ -40,20 +40,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedcomm import experiment
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import Params, load_params
 from fedcomm.data.datasets.verify import DATA_ROOT_ENV
 from fedcomm.data.types import Dataset
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.stages import partition, train
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _dataset(params: Params, synthetic: list[int] | None, seed: int) -> tuple[Dataset, str]:
     if not synthetic:
-        return experiment.load_data(params), params.data.dataset.name
+        return partition.load_data(params), params.data.dataset.name
     n, classes, *shape = synthetic  # --synthetic 60000 100 3 32 32
     g = np.random.default_rng(seed)
     x = g.random((n, *shape), dtype=np.float32)
@@ -83,14 +83,14 @@ def worker(
     seed = params.experiment.seeds[0]
     t0 = time.perf_counter()
     dataset, source = _dataset(params, synthetic, seed)
-    part = experiment.draw_partition(params, dataset)
+    part = partition.draw_partition(params, dataset)
     data = FederatedTensors.build(dataset, part.train, part.test)
     del dataset
-    model, algorithm = experiment.check_run(params, run, seed, data)
+    model, algorithm = train.check_run(params, run, seed, data)
     comp_cfg = params.algorithm(run).uplink or params.train.compressor
     compressor = build_compressor(comp_cfg.name, **comp_cfg.model_dump(exclude={"name"}))
     cfg = dataclasses.replace(
-        experiment.loop_config(params, seed, run),
+        train.loop_config(params, seed, run),
         rounds=rounds,
         eval_every=10**9,  # the global evaluation in the last round only
         checkpoint_every=10**9,

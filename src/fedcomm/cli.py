@@ -1,7 +1,7 @@
 """The ``fedcomm`` command: one verb per pipeline stage, plus config validation.
 
 Every verb reads ``--params`` (default ``params.yaml``), validates the WHOLE file before doing
-any work, and calls one library function of :mod:`fedcomm.experiment`.
+any work, and calls one library function of :mod:`fedcomm.stages` (one module per stage).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def config_validate(
     """Check a params file; exit 2 with every problem listed by key path if it is invalid.
     Unless --schema-only: also load the dataset, draw the partition in memory and check that
     every run's model fits the data and its algorithm accepts the model (nothing is written)."""
-    from fedcomm.experiment import check_experiment
+    from fedcomm.stages.train import check_experiment
 
     p = _load(params)
     clients = ""
@@ -115,7 +115,7 @@ def system_convert_fedscale(
 @app.command()
 def partition(params: ParamsOpt = Path("params.yaml")) -> None:
     """Partition the dataset over clients (writes data/partition/)."""
-    from fedcomm.experiment import partition_stage
+    from fedcomm.stages.partition import partition_stage
 
     p = _load(params)
     with user_errors():
@@ -130,7 +130,7 @@ def train(
     resume: Annotated[bool, typer.Option(help="continue from a matching checkpoint")] = True,
 ) -> None:
     """Train one algorithm run with one seed (writes runs/<run>-s<seed>/)."""
-    from fedcomm.experiment import train_stage
+    from fedcomm.stages.train import train_stage
 
     p = _load(params)
     with user_errors():
@@ -144,7 +144,7 @@ def evaluate_cmd(
     params: ParamsOpt = Path("params.yaml"),
 ) -> None:
     """Summaries and per-client evaluation of a trained run (runs/<run>-s<seed>/metrics.json)."""
-    from fedcomm.experiment import evaluate_stage
+    from fedcomm.stages.evaluate import evaluate_stage
 
     p = _load(params)
     with user_errors():
@@ -155,7 +155,7 @@ def evaluate_cmd(
 @app.command()
 def summarize(params: ParamsOpt = Path("params.yaml")) -> None:
     """Tables and plots over every run and seed (reports/)."""
-    from fedcomm.summarize import summarize_stage
+    from fedcomm.stages.summarize import summarize_stage
 
     p = _load(params)
     with user_errors():

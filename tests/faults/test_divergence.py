@@ -112,7 +112,7 @@ def test_the_summary_flags_a_run_that_skipped_diverged_clients() -> None:
     import polars as pl
 
     from fedcomm.config import validate_params
-    from fedcomm.summarize import divergence_notes
+    from fedcomm.stages.summarize import divergence_notes
 
     params = validate_params(tiny_params(**{"experiment.seeds": [0, 1]}))
     clean = pl.DataFrame({"round": [1, 2, 3]})

@@ -91,7 +91,8 @@ def test_dvc_reports_metrics_and_plots(repo: Path) -> None:
 def test_partition_is_refused_when_stale(repo: Path) -> None:
     from fedcomm.config import validate_params
     from fedcomm.data.partition_files import StalePartitionError
-    from fedcomm.experiment import Paths, load_federated
+    from fedcomm.stages.partition import load_federated
+    from fedcomm.stages.paths import Paths
 
     raw = yaml.safe_load((repo / "params.yaml").read_text())
     raw["partition"]["alpha"] = 0.3

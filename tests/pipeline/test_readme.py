@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from fedcomm.config import validate_params
-from fedcomm.experiment import check_experiment
+from fedcomm.stages.train import check_experiment
 from tests.conftest import REPO
 from tests.pipeline._repo import COPY, build_repo, commit
 

@@ -289,7 +289,8 @@ def test_a_device_this_machine_lacks_stops_train_before_any_work(project: Path) 
 def test_device_precision_and_auto_chunks_reach_the_loop() -> None:
     """params' train.device / precision / chunk_size are what the round loop runs with, and
     they are part of the run's identity (its config hash)."""
-    from fedcomm.experiment import config_hash, loop_config, resolved_run_config
+    from fedcomm.stages.identity import config_hash, resolved_run_config
+    from fedcomm.stages.train import loop_config
 
     base = validate_params(tiny_params())
     cfg = loop_config(base, 0, "fedavg")

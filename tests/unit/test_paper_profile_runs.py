@@ -41,14 +41,11 @@ import polars as pl
 import pytest
 
 from fedcomm.config import Params, read_yaml_mapping, validate_params
-from fedcomm.experiment import (
-    Paths,
-    evaluate_stage,
-    loop_config,
-    partition_stage,
-    train_stage,
-)
-from fedcomm.summarize import summarize_stage
+from fedcomm.stages.evaluate import evaluate_stage
+from fedcomm.stages.partition import partition_stage
+from fedcomm.stages.paths import Paths
+from fedcomm.stages.summarize import summarize_stage
+from fedcomm.stages.train import loop_config, train_stage
 from tests.conftest import REPO
 from tests.image_folders import write_image_folder
 

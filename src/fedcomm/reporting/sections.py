@@ -2,7 +2,7 @@
 upload caps, upload per client per round, and the rounds, GiB and time to reach targets; for
 runs with a ``system`` section, their simulated clock and accuracy within simulated-time budgets.
 
-Used by the summarize stage (:mod:`fedcomm.summarize`) and by cross-experiment comparisons
+Used by the summarize stage (:mod:`fedcomm.stages.summarize`) and by cross-experiment comparisons
 (:mod:`fedcomm.reporting.compare`); both pass per-run lists of seed summaries.
 """
 

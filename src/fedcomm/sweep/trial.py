@@ -1,9 +1,10 @@
 """One sweep trial: train the sampled configuration for each seed, in process, and score it.
 
-A trial reuses the pipeline's own stages (:func:`~fedcomm.experiment.train_stage` and
-:func:`~fedcomm.experiment.evaluate_stage`), so a trial's numbers are exactly what ``dvc repro``
-would produce for the same params. Its files live in a work directory keyed by the sampled values
-and seeds, so a trial retried after a crash resumes from the crashed one's checkpoint.
+A trial reuses the pipeline's own stages (:func:`~fedcomm.stages.train.train_stage` and
+:func:`~fedcomm.stages.evaluate.evaluate_stage`), so a trial's numbers are exactly what
+``dvc repro`` would produce for the same params. Its files live in a work directory keyed by the
+sampled values and seeds, so a trial retried after a crash resumes from the crashed one's
+checkpoint.
 
 MLflow: with one seed the training run *is* the trial's run (nested under the study's run);
 with several seeds a trial run (``fedcomm.kind: trial``) holds the mean objective and each seed's
@@ -26,6 +27,7 @@ from fedcomm.atomic import file_lock
 from fedcomm.comm.bits import GIB
 from fedcomm.config import Params
 from fedcomm.data.federated import partition_hash
+from fedcomm.evaluation.curve_points import best_value, best_within_budget, last_value
 from fedcomm.evaluation.sim_time import (
     HOUR_S,
     SIM_ELAPSED,
@@ -33,17 +35,12 @@ from fedcomm.evaluation.sim_time import (
     has_sim_time,
     sim_hours_to_target,
 )
-from fedcomm.evaluation.summaries import best_value, best_within_budget, last_value, run_table
-from fedcomm.experiment import (
-    Paths,
-    StopRun,
-    evaluate_stage,
-    load_data,
-    partition_spec,
-    partition_stage,
-    resolved_run_config,
-    train_stage,
-)
+from fedcomm.evaluation.summaries import run_table
+from fedcomm.stages.evaluate import evaluate_stage
+from fedcomm.stages.identity import resolved_run_config
+from fedcomm.stages.partition import load_data, partition_spec, partition_stage
+from fedcomm.stages.paths import Paths
+from fedcomm.stages.train import StopRun, train_stage
 from fedcomm.sweep.space import Objective, Sweep, trial_params
 from fedcomm.tracking import mlflow as tracking
 from fedcomm.tracking.inputs import partition_input

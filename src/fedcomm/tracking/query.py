@@ -1,6 +1,6 @@
 """Read-only queries on the MLflow store: find training runs and fetch their tables.
 
-A *training run* is an MLflow run made by :func:`fedcomm.experiment.train_stage`: it has a
+A *training run* is an MLflow run made by :func:`fedcomm.stages.train.train_stage`: it has a
 ``run`` tag (the algorithm run key) and a ``rounds.parquet`` artifact at its root. Other runs in
 the same experiments (a sweep's parent ``study`` run, its ``trial`` runs, anything logged by hand)
 are skipped. Nothing here writes to the store.

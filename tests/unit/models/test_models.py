@@ -244,11 +244,11 @@ def test_feddst_cnn_matches_the_official_forward_without_softmax() -> None:
 def _feddst_model_from_params(
     params: Any, input_shape: tuple[int, ...], num_classes: int
 ) -> nn.Module:
-    """The model ``fedcomm train`` builds (``experiment.build_run_model``) for data of this
+    """The model ``fedcomm train`` builds (``stages.train.build_run_model``) for data of this
     shape: the params' model section through ``model_options`` and the registry."""
     from types import SimpleNamespace
 
-    from fedcomm.experiment import build_run_model
+    from fedcomm.stages.train import build_run_model
 
     data = SimpleNamespace(input_shape=input_shape, num_classes=num_classes)
     return build_run_model(params, data, seed=0)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import polars as pl
 
 from fedcomm.comm.ledger import SCHEMA as LEDGER_SCHEMA
 from fedcomm.evaluation.summaries import summarize_run
-from fedcomm.experiment import Paths
+from fedcomm.stages.paths import Paths
 
 ROUND_S = {0: [600.0, 900.0, 1200.0, 600.0, 1800.0, 900.0]}
 ROUND_S[1] = [2 * s for s in ROUND_S[0]]

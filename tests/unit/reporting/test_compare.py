@@ -16,10 +16,13 @@ import yaml
 from mlflow import MlflowClient
 
 from fedcomm.config import ConfigError, Params
-from fedcomm.evaluation.summaries import first_round_reaching
-from fedcomm.experiment import Paths, evaluate_stage, partition_stage, train_stage
+from fedcomm.evaluation.curve_points import first_round_reaching
 from fedcomm.reporting.compare import compare_runs
 from fedcomm.reporting.summary import format_value
+from fedcomm.stages.evaluate import evaluate_stage
+from fedcomm.stages.partition import partition_stage
+from fedcomm.stages.paths import Paths
+from fedcomm.stages.train import train_stage
 from fedcomm.tracking.mlflow import resolve_tracking_uri
 from fedcomm.tracking.query import download_tables, find_runs, run_filter
 from tests.conftest import tiny_params

@@ -21,10 +21,13 @@ from fedcomm.evaluation.sim_time import (
     sim_time_summary,
 )
 from fedcomm.evaluation.summaries import summarize_run
-from fedcomm.experiment import Paths, evaluate_stage, partition_stage, train_stage
 from fedcomm.reporting.compare import compare_runs
 from fedcomm.reporting.plots import sim_time_curve
-from fedcomm.summarize import summarize_stage
+from fedcomm.stages.evaluate import evaluate_stage
+from fedcomm.stages.partition import partition_stage
+from fedcomm.stages.paths import Paths
+from fedcomm.stages.summarize import summarize_stage
+from fedcomm.stages.train import train_stage
 from tests.conftest import tiny_params
 from tests.unit.reporting.sim_time_runs import rounds_table, tree, write_runs
 

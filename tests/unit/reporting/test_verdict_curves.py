@@ -12,8 +12,10 @@ from typer.testing import CliRunner
 
 from fedcomm.cli import app
 from fedcomm.config import load_params
-from fedcomm.experiment import Paths, StopRun, partition_stage, train_stage
 from fedcomm.reporting.curves import finished_runs, long_curves
+from fedcomm.stages.partition import partition_stage
+from fedcomm.stages.paths import Paths
+from fedcomm.stages.train import StopRun, train_stage
 from tests.conftest import tiny_params
 
 

@@ -14,11 +14,13 @@ import pytest
 import yaml
 
 from fedcomm.config import ConfigError, load_params, validate_params
-from fedcomm.experiment import evaluate_stage, partition_stage, train_stage
 from fedcomm.reporting.sections import PairedRow, paired_section
 from fedcomm.reporting.summary import last_k_finals, render_markdown, summary_table
 from fedcomm.reporting.verdict import paired
-from fedcomm.summarize import summarize_stage
+from fedcomm.stages.evaluate import evaluate_stage
+from fedcomm.stages.partition import partition_stage
+from fedcomm.stages.summarize import summarize_stage
+from fedcomm.stages.train import train_stage
 from tests.conftest import tiny_params
 
 

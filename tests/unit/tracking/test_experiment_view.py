@@ -14,7 +14,9 @@ from mlflow.entities import DatasetInput
 
 from fedcomm.config import Params
 from fedcomm.errors import InputError
-from fedcomm.experiment import Paths, partition_stage, train_stage
+from fedcomm.stages.partition import partition_stage
+from fedcomm.stages.paths import Paths
+from fedcomm.stages.train import train_stage
 from fedcomm.tracking import mlflow as tracking
 from fedcomm.tracking.inputs import (
     CONTEXT,
@@ -88,7 +90,7 @@ def test_a_resumed_run_keeps_one_dataset_input(
 ) -> None:
     # a checkpoint resumes only under the same code: pinned, so an edit of the sources made
     # while the test runs cannot turn the resume into a restart
-    monkeypatch.setattr("fedcomm.experiment.code_fingerprint", lambda: "pinned")
+    monkeypatch.setattr("fedcomm.stages.train.code_fingerprint", lambda: "pinned")
 
     class Crash(Exception):
         pass

@@ -25,7 +25,8 @@ import pytest
 from mlflow import MlflowClient
 
 from fedcomm.config import Params
-from fedcomm.experiment import partition_stage, train_stage
+from fedcomm.stages.partition import partition_stage
+from fedcomm.stages.train import train_stage
 from fedcomm.tracking import mlflow as tracking
 from fedcomm.tracking.inputs import DIGEST_CHARS
 from tests.conftest import tiny_params

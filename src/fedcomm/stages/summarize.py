@@ -25,9 +25,8 @@ import polars as pl
 
 from fedcomm import atomic
 from fedcomm.config import CURVE_COLUMNS, Params
+from fedcomm.evaluation.seeds import aggregate_seeds
 from fedcomm.evaluation.sim_time import has_sim_time, merge_sim_time, sim_time_summary
-from fedcomm.evaluation.summaries import aggregate_seeds
-from fedcomm.experiment import Paths
 from fedcomm.reporting.curves import long_curves
 from fedcomm.reporting.sections import (  # noqa: F401  (re-exported: part of this stage's API)
     PairedRow,
@@ -46,6 +45,7 @@ from fedcomm.run_files import (
     read_table,
     train_remedy,
 )
+from fedcomm.stages.paths import Paths
 
 
 def collect(
