@@ -32,8 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedcomm.algorithms import build_algorithm, fedavg
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import ClientData
+from fedcomm.algorithms.core import ClientData
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.data.datasets.verify import DATA_ROOT_ENV
@@ -75,7 +75,7 @@ def start_up(data_root: str, seed: int) -> tuple[FederatedTensors, torch.nn.Modu
     data = FederatedTensors.build(train, part.train, part.test)  # client test splits are empty
     test = ClientData(torch.from_numpy(pool.x[N_TRAIN:]), torch.from_numpy(pool.y[N_TRAIN:]).long())
     data = dataclasses.replace(data, global_test=test)
-    gen = torch_generator(seed, Stream.INIT)  # as stages.train.build_run_model seeds it
+    gen = torch_generator(seed, Stream.INIT)  # as experiment.build_run_model seeds it
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
     model = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[128])
     return data, model

@@ -71,8 +71,8 @@ from torch import nn
 
 from fedcomm import atomic
 from fedcomm.algorithms import build_algorithm
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import ClientData
+from fedcomm.algorithms.core import ClientData
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import Params, model_options, read_yaml_mapping, validate_params
 from fedcomm.data.datasets.ptb import ptb_from_streams
@@ -233,7 +233,7 @@ def peak_memory(dev: torch.device) -> dict[str, float | None]:
 
 
 def seeded_model(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
-    """A model initialised as ``stages.train.build_run_model`` seeds it: from ``(seed, INIT)``."""
+    """A model initialised as ``experiment.build_run_model`` seeds it: from ``(seed, INIT)``."""
     gen = torch_generator(seed, Stream.INIT)
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
     return build()

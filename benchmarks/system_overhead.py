@@ -40,7 +40,7 @@ import itertools
 
 from backends import WORKLOADS, start_up
 from fedcomm.algorithms import fedavg
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.simulation import loop
 from fedcomm.system.config import SystemConfig

@@ -117,7 +117,7 @@ def small_loop(fed: Any, **cfg: Any) -> tuple[Any, Any]:
     ``lr`` goes to the local SGD)."""
     import torch
 
-    from fedcomm.algorithms._local import LocalConfig
+    from fedcomm.algorithms.core.local import LocalConfig
     from fedcomm.models import build_model
     from fedcomm.simulation import loop
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from fedcomm.algorithms import CONFIGS, build_algorithm
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import COMPRESSORS, build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

@@ -205,8 +205,8 @@ def test_autocast_covers_local_training_only(
 
 
 def _job(fed: FederatedTensors, model: nn.Module) -> Any:
-    from fedcomm.algorithms import _jobs
-    from fedcomm.algorithms._local import batch_schedule
+    from fedcomm.algorithms.core import jobs as _jobs
+    from fedcomm.algorithms.core.local import batch_schedule
     from fedcomm.seeding import Stream, torch_generator
 
     start = {k: v.detach() for k, v in model.named_parameters()}

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from fedcomm.algorithms import build_algorithm, fedavg
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import ClientContext, ClientData, RoundContext, Uplink
+from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext, Uplink
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.ledger import Ledger
 from fedcomm.server_opt import ServerOptConfig
 

@@ -1,7 +1,9 @@
-"""Algorithms: one module each, found through the registry in :mod:`.base`.
+"""Algorithms: one module per single-file algorithm, one package per paper that spans several.
 
-Importing this package imports every public submodule, so each ``@register`` runs and the
-config union in :mod:`fedcomm.config` and the contract tests see every algorithm.
+``core`` is the machinery they share (the contract and registry, the local step, jobs, masks);
+``submodel`` is the sub-model family's shared rule, codec and merge. Importing this package
+imports every other submodule and subpackage, so each ``@register`` runs and the config union
+in :mod:`fedcomm.config` and the contract tests see every algorithm.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     ALGORITHMS,
     CONFIGS,
     AlgorithmConfig,
@@ -17,8 +19,10 @@ from fedcomm.algorithms.base import (
     build_algorithm,
 )
 
+SHARED = frozenset({"core", "submodel"})  # the pieces algorithms compose, not algorithms
+
 for _mod in pkgutil.iter_modules(__path__):
-    if not _mod.name.startswith("_") and _mod.name != "base":
+    if not _mod.name.startswith("_") and _mod.name not in SHARED:
         importlib.import_module(f"{__name__}.{_mod.name}")
 
 __all__ = ["ALGORITHMS", "CONFIGS", "AlgorithmConfig", "FedAlgorithm", "build_algorithm"]

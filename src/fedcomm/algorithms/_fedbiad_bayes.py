@@ -38,8 +38,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._context import ClientData
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import ClientData
 from fedcomm.models.groups import GroupSpec, expand_mask, rows
 from fedcomm.types import Params
 

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from fedcomm.algorithms._fedbiad_rows import validate_model
-from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.algorithms._submodel_units import param_masks, unit_layers
-from fedcomm.algorithms.base import Uplink
+from fedcomm.algorithms.core import Uplink
+from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.comm.payload import Entry, Free, Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params
@@ -144,7 +144,7 @@ def aggregate(
     (``held`` says where).
 
     One client at a time (``got`` may be a generator): the sums run in client order per entry,
-    as :func:`~fedcomm.algorithms.base.weighted_mean` over all of them does (the same bits), but
+    as :func:`~fedcomm.algorithms.core.weighted_mean` over all of them does (the same bits), but
     only one client's dense model and update are alive, not K of each (the PTB LSTM's 29.8 MB at
     10 clients: 2 x 10 x 29.8 MB held at once before, and glibc kept the heap they grew as RSS).
     """

@@ -1,6 +1,6 @@
 """FedDST's client mechanics: a masked job, where it readjusts, the dense gradient, the upload.
 
-A client trains ``θ ⊙ m`` as a :class:`~fedcomm.algorithms._jobs.LocalJob` (so both backends run
+A client trains ``θ ⊙ m`` as a :class:`~fedcomm.algorithms.core.jobs.LocalJob` (so both backends run
 it): the client's masks ride in the job's frozen tensors under :data:`MASK` and the program's
 ``post_step`` zeroes the masked-out weights after every step. In a readjustment round the job
 calls an ``after_step`` hook after batch :func:`readjust_batch`, where FedDST takes the dense
@@ -18,10 +18,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _jobs, _local, _masks
-from fedcomm.algorithms._reuse import Reused
-from fedcomm.algorithms._sparse_train import churn
-from fedcomm.algorithms.base import ClientContext, ClientData, ClientResult
+from fedcomm.algorithms.core import ClientContext, ClientData, ClientResult
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.reuse import Reused
+from fedcomm.algorithms.core.sparse_train import churn
 from fedcomm.types import Params
 
 MASK = "mask."  # a client's current masks in its job's frozen tensors

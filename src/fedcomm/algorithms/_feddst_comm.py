@@ -1,4 +1,4 @@
-"""FedDST's messages and what they cost (spec §1(c); layout: :mod:`fedcomm.algorithms._masks`).
+"""FedDST's messages and what they cost (spec §1(c); layout: :mod:`fedcomm.algorithms.core.masks`).
 
 ``N_m`` maskable weights, ``B`` bias/other entries, 32-bit values:
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from fedcomm.algorithms import _masks
+from fedcomm.algorithms.core import masks as _masks
 from fedcomm.comm.payload import Payload
 
 

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms import _feddst_client, _masks
-from fedcomm.algorithms._context import ClientContext, ClientData
+from fedcomm.algorithms import _feddst_client
 from fedcomm.algorithms._feddst_client import frozen_masks, masks_of
-from fedcomm.algorithms._masks import Masks
-from fedcomm.algorithms._sparse_train import SparseConfig, layers_of
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.context import ClientContext, ClientData
+from fedcomm.algorithms.core.masks import Masks
+from fedcomm.algorithms.core.sparse_train import SparseConfig, layers_of
 from fedcomm.types import Params
 
 DEFAULT_READJUST_END = 200  # the code's R // 2 at its default R = 400 rounds

@@ -1,4 +1,4 @@
-"""FedSparse's local step (Algorithm 2's inner loop) as a :class:`~fedcomm.algorithms._jobs.
+"""FedSparse's local step (Algorithm 2's inner loop) as a :class:`~fedcomm.algorithms.core.jobs.
 LocalProgram`: the forward pass on ``w_s ⊙ z`` with hard-concrete gates ``z``, the client
 objective's penalties, SGD on ``w_s`` and Adamax on ``v_s``, pruned groups held at zero.
 
@@ -17,10 +17,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local
 from fedcomm.algorithms._fedsparse_gates import gate_logits, hard_concrete
 from fedcomm.algorithms._fedsparse_penalties import drift, l0_cost, prior_log_likelihood
-from fedcomm.algorithms._grouped import member_axes
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.grouped import member_axes
 from fedcomm.models.groups import GroupSpec, group_sizes, groups
 from fedcomm.types import Params
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks
+from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.comm.payload import Dense, Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from fedcomm.algorithms._fedsparse_gates import gate_probs
-from fedcomm.algorithms._grouped import entry_masks, member_axes, scatter_mask
+from fedcomm.algorithms.core.grouped import entry_masks, member_axes, scatter_mask
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params
 

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _local, _masks
-from fedcomm.algorithms.base import ClientData, Uplink, weighted_mean
+from fedcomm.algorithms.core import ClientData, Uplink, weighted_mean
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core import masks as _masks
 from fedcomm.comm.payload import Dense, Entry, Free, Mask, Payload
 from fedcomm.types import Params
 

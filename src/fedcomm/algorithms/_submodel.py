@@ -26,14 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs, _local, base
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
+from fedcomm.algorithms import core
 from fedcomm.algorithms._submodel_codec import (
     Pattern,
     decode_kept,
@@ -44,6 +37,15 @@ from fedcomm.algorithms._submodel_codec import (
 )
 from fedcomm.algorithms._submodel_merge import Aggregation
 from fedcomm.algorithms._submodel_units import unit_layers
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
 from fedcomm.comm.payload import Entry, Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState, apply_step
@@ -168,7 +170,7 @@ def masked_client(
 
 
 def algorithm(
-    cfg: base.AlgorithmConfig,
+    cfg: core.AlgorithmConfig,
     select: Selection,
     aggregation: Aggregation,
     *,
@@ -176,16 +178,16 @@ def algorithm(
     pattern: Pattern = None,
     client_job: _jobs.ClientJob | None = None,
     **optional: Any,
-) -> base.FedAlgorithm:
+) -> core.FedAlgorithm:
     """A sub-model method: ``select`` → :func:`._submodel_codec.encode` (with ``pattern``) →
     ``client_job`` (default: :func:`masked_client` with prefix ``cfg.name``) → ``aggregation``
-    with ``weighting`` (:func:`base.client_weights`) → ``server_opt`` where held → the
-    selection's update. ``optional`` sets other :class:`base.FedAlgorithm` fields."""
+    with ``weighting`` (:func:`core.client_weights`) → ``server_opt`` where held → the
+    selection's update. ``optional`` sets other :class:`core.FedAlgorithm` fields."""
     opt = cfg.server.build()
 
     def init_server(params: Params, ctx: RoundContext) -> Any:
         layers = unit_layers(ctx.model, cfg.name)
-        state = ServerState(base.clone_params(params), opt.init(params), layers)
+        state = ServerState(core.clone_params(params), opt.init(params), layers)
         return state if select.init is None else select.init(state, ctx)
 
     def broadcast(state: Any, client_id: int, cstate: None, ctx: RoundContext) -> Payload:
@@ -195,7 +197,7 @@ def algorithm(
     def server_update(state: Any, uplinks: Sequence[Uplink], ctx: RoundContext) -> Any:
         deltas = [decode_kept(u.tensors) for u in uplinks]
         masks = [keep_masks(u.tensors) for u in uplinks]
-        weights = base.client_weights(uplinks, weighting)
+        weights = core.client_weights(uplinks, weighting)
         delta, held = aggregation(deltas, masks, weights, state)
         step, opt_state = opt.update(delta, state.opt_state)
         step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}
@@ -205,7 +207,7 @@ def algorithm(
     def validate_model(model: nn.Module) -> None:
         unit_layers(model, cfg.name)  # raises ValueError
 
-    return base.job_algorithm(
+    return core.job_algorithm(
         cfg,
         init_server=init_server,
         broadcast=broadcast,

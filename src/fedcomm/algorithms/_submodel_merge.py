@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from fedcomm.algorithms._submodel_units import slice_masks
-from fedcomm.algorithms.base import weighted_mean
+from fedcomm.algorithms.core import weighted_mean
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params
 

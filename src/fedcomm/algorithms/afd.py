@@ -47,12 +47,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _submodel
+from fedcomm.algorithms import _submodel
 from fedcomm.algorithms._submodel_codec import UNIT as UNIT  # f"unit/{layer}": a unit mask
 from fedcomm.algorithms._submodel_merge import masked_mean
 from fedcomm.algorithms._submodel_units import keep_counts as keep_counts
 from fedcomm.algorithms._submodel_units import keep_ranked, select
-from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, RoundContext, Uplink, register
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, RoundContext, Uplink, register
+from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.comm.payload import Entry, Free, Mask, Meta
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator

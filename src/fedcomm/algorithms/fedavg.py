@@ -20,16 +20,7 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
-from fedcomm.algorithms._reuse import Reused
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
@@ -40,6 +31,16 @@ from fedcomm.algorithms.base import (
     subtract,
     weighted_mean,
 )
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
+from fedcomm.algorithms.core.reuse import Reused
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import OptState, Transform, apply_step

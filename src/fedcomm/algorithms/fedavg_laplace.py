@@ -32,15 +32,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local, fedavg
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms import fedavg
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
@@ -49,6 +42,15 @@ from fedcomm.algorithms.base import (
     register,
     subtract,
     weighted_mean,
+)
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
 )
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload

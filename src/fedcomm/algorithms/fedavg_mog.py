@@ -36,21 +36,22 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     job_algorithm,
     join_members,
     register,
     split_members,
+)
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
 )
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload

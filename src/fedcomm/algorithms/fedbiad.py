@@ -46,14 +46,6 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
 from fedcomm.algorithms._fedbiad_bayes import (
     KL_COEF,
     S_TILDE,
@@ -87,8 +79,7 @@ from fedcomm.algorithms._fedbiad_server import (
     reconstruct,
     uploaded_model,
 )
-from fedcomm.algorithms._grouped import entry_masks
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
@@ -96,6 +87,16 @@ from fedcomm.algorithms.base import (
     job_algorithm,
     register,
 )
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
+from fedcomm.algorithms.core.grouped import entry_masks
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec

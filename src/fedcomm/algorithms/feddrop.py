@@ -41,7 +41,7 @@ from fedcomm.algorithms._submodel_units import drop_counts as drop_counts
 from fedcomm.algorithms._submodel_units import param_masks as param_masks
 from fedcomm.algorithms._submodel_units import select
 from fedcomm.algorithms._submodel_units import unit_layers as unit_layers
-from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, RoundContext, register
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, RoundContext, register
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.server_opt import ServerOptConfig

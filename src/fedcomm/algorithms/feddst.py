@@ -4,7 +4,7 @@ Bibikar et al., "Federated Dynamic Sparse Training: Computing Less, Communicatin
 Learning Better", AAAI 2022 (arXiv:2112.09824). The paper body was not available; behaviour
 follows the official code (bibikar/feddst @ 25d6184) as read in ``specs/feddst-progfed.md`` §1.
 Equation numbers are the paper's (``papers/feddst.txt``): (2) the cosine ``α_r``, (3) the sparse
-weighted average. Masks, layer budgets ``k_l(S)`` and messages: :mod:`fedcomm.algorithms._masks`;
+weighted average. Masks, layer budgets ``k_l(S)``, messages: :mod:`fedcomm.algorithms.core.masks`;
 the readjustment (Eq. 2, prune, regrow, its schedule): :mod:`fedcomm.algorithms._feddst_readjust`;
 the client's masked job and upload: :mod:`fedcomm.algorithms._feddst_client`.
 
@@ -54,15 +54,7 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _feddst_client, _jobs, _masks
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    Message,
-    RoundContext,
-    Uplink,
-    WarmStartContext,
-)
+from fedcomm.algorithms import _feddst_client
 from fedcomm.algorithms._feddst_client import ClientShared, ClientState, frozen_masks
 from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
 from fedcomm.algorithms._feddst_readjust import (
@@ -75,9 +67,19 @@ from fedcomm.algorithms._feddst_readjust import (
     readjust_step,
     regrow,
 )
-from fedcomm.algorithms._masks import Masks
-from fedcomm.algorithms._sparse_train import SparseConfig, churn, layers_of, validate_model
-from fedcomm.algorithms.base import FedAlgorithm, client_weights, job_algorithm, register
+from fedcomm.algorithms.core import FedAlgorithm, client_weights, job_algorithm, register
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    Message,
+    RoundContext,
+    Uplink,
+    WarmStartContext,
+)
+from fedcomm.algorithms.core.masks import Masks
+from fedcomm.algorithms.core.sparse_train import SparseConfig, churn, layers_of, validate_model
 from fedcomm.comm.payload import Payload
 from fedcomm.types import Params
 

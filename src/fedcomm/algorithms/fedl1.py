@@ -24,16 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
-from fedcomm.algorithms._grouped import decode_groups, encode_groups
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
@@ -43,6 +34,16 @@ from fedcomm.algorithms.base import (
     subtract,
     weighted_mean,
 )
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
+from fedcomm.algorithms.core.grouped import decode_groups, encode_groups
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec, apply_mask, group_norms, groups
 from fedcomm.server_opt import OptState, ServerOptConfig, apply_step

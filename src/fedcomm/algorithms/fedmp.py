@@ -40,10 +40,10 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomm.algorithms import _submodel
-from fedcomm.algorithms._context import RoundContext
 from fedcomm.algorithms._submodel_merge import recovered_mean
 from fedcomm.algorithms._submodel_units import keep_counts, select
-from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, register, weighted_mean
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, register, weighted_mean
+from fedcomm.algorithms.core.context import RoundContext
 from fedcomm.comm.payload import Mask
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import ServerOptConfig

@@ -13,8 +13,9 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _local, fedavg
-from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, register
+from fedcomm.algorithms import fedavg
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, register
+from fedcomm.algorithms.core import local as _local
 
 
 class Config(AlgorithmConfig):

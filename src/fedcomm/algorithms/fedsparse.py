@@ -47,14 +47,6 @@ import torch
 from pydantic import ConfigDict, Field
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
 from fedcomm.algorithms._fedsparse_gates import L0_SHIFT, gate_probs, initial_v, sample_z
 from fedcomm.algorithms._fedsparse_gates import gate_logits as gate_logits
 from fedcomm.algorithms._fedsparse_gates import hard_concrete as hard_concrete
@@ -79,8 +71,7 @@ from fedcomm.algorithms._fedsparse_server import (
     weight_gradient,
     zero_pruned,
 )
-from fedcomm.algorithms._reuse import Reused
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
@@ -88,6 +79,16 @@ from fedcomm.algorithms.base import (
     job_algorithm,
     register,
 )
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
+)
+from fedcomm.algorithms.core.reuse import Reused
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adamax, apply_step

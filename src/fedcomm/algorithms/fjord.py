@@ -34,13 +34,15 @@ import torch
 from pydantic import Field, field_validator, model_validator
 from torch import Tensor
 
-from fedcomm.algorithms import _jobs, _local, _submodel
-from fedcomm.algorithms._context import ClientContext, ClientData, ClientResult, RoundContext
+from fedcomm.algorithms import _submodel
 from fedcomm.algorithms._submodel_codec import decode_kept, keep_masks
 from fedcomm.algorithms._submodel_merge import nested
 from fedcomm.algorithms._submodel_merge import nested_aggregate as nested_aggregate
 from fedcomm.algorithms._submodel_units import first_units, slice_masks, unit_layers
-from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, register
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, register
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import ClientContext, ClientData, ClientResult, RoundContext
 from fedcomm.models.groups import GroupSpec
 
 Level = Annotated[float, Field(gt=0, le=1)]

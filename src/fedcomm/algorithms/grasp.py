@@ -45,10 +45,12 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _local, _masks, feddst
-from fedcomm.algorithms._context import ClientData, Message, WarmStartContext
-from fedcomm.algorithms._sparse_train import SparseConfig
-from fedcomm.algorithms.base import FedAlgorithm, register
+from fedcomm.algorithms import feddst
+from fedcomm.algorithms.core import FedAlgorithm, register
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.context import ClientData, Message, WarmStartContext
+from fedcomm.algorithms.core.sparse_train import SparseConfig
 from fedcomm.comm.payload import Mask, Payload
 
 

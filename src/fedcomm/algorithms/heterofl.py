@@ -40,14 +40,16 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs, _local, _submodel
-from fedcomm.algorithms._context import ClientContext, ClientData, RoundContext
+from fedcomm.algorithms import _submodel
 from fedcomm.algorithms._submodel_merge import masked_mean
 from fedcomm.algorithms._submodel_units import first_units as first_units
 from fedcomm.algorithms._submodel_units import slice_masks as slice_masks
 from fedcomm.algorithms._submodel_units import unit_layers as sequential_layers
 from fedcomm.algorithms._submodel_units import width_units as width_units
-from fedcomm.algorithms.base import AlgorithmConfig, FedAlgorithm, register
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, register
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.context import ClientContext, ClientData, RoundContext
 from fedcomm.models.groups import GroupSpec, expand_mask
 from fedcomm.types import Params
 

@@ -60,13 +60,6 @@ from torch import Tensor
 
 from fedcomm.algorithms import _progfed_charge as charge
 from fedcomm.algorithms import _progfed_schedule as sched
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    RoundContext,
-    Uplink,
-)
 from fedcomm.algorithms._progfed_charge import charged_values
 from fedcomm.algorithms._progfed_client import ClientState, local_run, momentum_bufs
 from fedcomm.algorithms._progfed_model import (
@@ -79,7 +72,7 @@ from fedcomm.algorithms._progfed_model import (
     validate_model,
 )
 from fedcomm.algorithms._progfed_schedule import Phase, cosine_lr, schedule, warmup_index
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
@@ -87,6 +80,13 @@ from fedcomm.algorithms.base import (
     no_client_state,
     register,
     weighted_mean,
+)
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    RoundContext,
+    Uplink,
 )
 from fedcomm.algorithms.fedprox import proximal_hook
 from fedcomm.comm.codecs import encode_dense

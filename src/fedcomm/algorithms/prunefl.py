@@ -44,16 +44,6 @@ import torch
 from pydantic import Field, PositiveFloat
 from torch import Tensor
 
-from fedcomm.algorithms import _masks
-from fedcomm.algorithms._context import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    Message,
-    RoundContext,
-    Uplink,
-    WarmStartContext,
-)
 from fedcomm.algorithms._prunefl_client import (
     GRAD,
     MASK,
@@ -69,8 +59,7 @@ from fedcomm.algorithms._prunefl_client import (
 )
 from fedcomm.algorithms._prunefl_readjust import is_readjust, prune_fraction, readjust
 from fedcomm.algorithms._prunefl_times import entry_times, maskable, validate_model
-from fedcomm.algorithms._sparse_train import churn
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
     client_weights,
@@ -78,6 +67,17 @@ from fedcomm.algorithms.base import (
     register,
     weighted_mean,
 )
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.context import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    Message,
+    RoundContext,
+    Uplink,
+    WarmStartContext,
+)
+from fedcomm.algorithms.core.sparse_train import churn
 from fedcomm.comm.payload import Dense, Mask, Payload
 from fedcomm.server_opt import OptState, Transform, apply_step
 from fedcomm.types import Params

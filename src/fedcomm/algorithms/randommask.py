@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Literal
 
 from fedcomm.algorithms import feddst
-from fedcomm.algorithms._sparse_train import SparseConfig
-from fedcomm.algorithms.base import FedAlgorithm, register
+from fedcomm.algorithms.core import FedAlgorithm, register
+from fedcomm.algorithms.core.sparse_train import SparseConfig
 
 
 class Config(SparseConfig):

@@ -28,9 +28,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedcomm.algorithms._jobs import LocalProgram, grad_fn
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import ClientContext, ClientResult, FedAlgorithm, RoundContext
+from fedcomm.algorithms.core import ClientContext, ClientResult, FedAlgorithm, RoundContext
+from fedcomm.algorithms.core.jobs import LocalProgram, grad_fn
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.payload import Payload
 from fedcomm.models.lstm import unrolled
 from fedcomm.seeding import Stream, torch_generator

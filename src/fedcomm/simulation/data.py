@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms.base import ClientData
+from fedcomm.algorithms.core import ClientData
 from fedcomm.data.federated import RowPool
 from fedcomm.data.types import Dataset
 

@@ -37,14 +37,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     FedAlgorithm,
     RoundContext,
     Uplink,
     WarmStartContext,
     split_members,
 )
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger, Status

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.payload import Payload
 from fedcomm.simulation.backends import Turn
 from fedcomm.simulation.data import FederatedTensors

@@ -1,6 +1,6 @@
 """The vectorized executor: a round's local-training jobs as one batched computation.
 
-Jobs that share a :class:`~fedcomm.algorithms._jobs.LocalProgram` and tensor shapes are stacked
+Jobs that share a :class:`~fedcomm.algorithms.core.jobs.LocalProgram` and tensor shapes are stacked
 along a new leading client axis (``(C, *shape)`` per tensor) in chunks of at most ``chunk_size``
 clients. Per step:
 
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fedcomm.algorithms._jobs import (
+from fedcomm.algorithms.core.jobs import (
     GradFn,
     JobResult,
     LocalJob,
@@ -40,7 +40,7 @@ from fedcomm.algorithms._jobs import (
     apply_update,
     grad_fn,
 )
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.models.lstm import unrolled
 from fedcomm.simulation import device as dev_mod
 

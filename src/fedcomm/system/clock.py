@@ -143,7 +143,7 @@ def decide(times: Sequence[ClientTime], k: int, deadline_s: float | None) -> Dec
 
 
 def batch_sizes(n: int, batch_size: int, epochs: int | None, steps: int | None) -> list[int]:
-    """The sizes of a client's local minibatches (``algorithms._sgd.batch_schedule``'s: epochs
+    """The sizes of a client's local minibatches (``algorithms.core.sgd.batch_schedule``'s: epochs
     of ``ceil(n / B)`` batches, the last partial; ``steps`` chains epochs and cuts)."""
     if n == 0:
         return []

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fedcomm.algorithms import build_algorithm, fedavg
-from fedcomm.algorithms.base import RoundContext, Uplink, sender_mean
+from fedcomm.algorithms.core import RoundContext, Uplink, sender_mean
 
 
 def test_sender_mean_by_hand() -> None:

@@ -11,8 +11,7 @@ from tests.conftest import digits_federation
 from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, fedavg_mog, fedprox
-from fedcomm.algorithms._local import LocalConfig, batch_schedule
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     ClientContext,
     ClientData,
     RoundContext,
@@ -20,6 +19,7 @@ from fedcomm.algorithms.base import (
     join_members,
     split_members,
 )
+from fedcomm.algorithms.core.local import LocalConfig, batch_schedule
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.server_opt import ServerOptConfig

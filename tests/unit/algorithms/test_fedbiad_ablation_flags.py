@@ -17,8 +17,8 @@ from torch.func import functional_call
 from fedcomm.algorithms import _fedbiad_bayes as bayes
 from fedcomm.algorithms import _fedbiad_rows as rows_
 from fedcomm.algorithms import build_algorithm, fedbiad
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import ClientContext, ClientData, RoundContext
+from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.models import build_model
 
 VOCAB = 20

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedcomm.algorithms import build_algorithm, fedbiad
-from fedcomm.algorithms._local import LocalConfig, cross_entropy
-from fedcomm.algorithms.base import ClientContext, ClientData, ClientResult, RoundContext, Uplink
+from fedcomm.algorithms.core import ClientContext, ClientData, ClientResult, RoundContext, Uplink
+from fedcomm.algorithms.core.local import LocalConfig, cross_entropy
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

@@ -13,7 +13,7 @@ from torch import nn
 from fedcomm.algorithms import _fedbiad_bayes as bayes
 from fedcomm.algorithms import _fedbiad_rows as rows_
 from fedcomm.algorithms import _fedbiad_server as server
-from fedcomm.algorithms.base import Uplink
+from fedcomm.algorithms.core import Uplink
 from fedcomm.models import build_model
 
 

@@ -12,9 +12,10 @@ import torch
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _masks, build_algorithm, feddst, randommask
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import AlgorithmConfig, ClientContext, RoundContext, Uplink
+from fedcomm.algorithms import build_algorithm, feddst, randommask
+from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

@@ -10,8 +10,8 @@ from tests.conftest import digits_federation
 from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, fedavg, fedl1
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import AlgorithmConfig, ClientContext, RoundContext
+from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model, groups
 from fedcomm.models.groups import group_norms

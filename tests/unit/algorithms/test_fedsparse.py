@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from fedcomm.algorithms import build_algorithm, fedavg, fedsparse
-from fedcomm.algorithms._grouped import decode_groups, encode_groups, entry_masks
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import RoundContext
+from fedcomm.algorithms.core import RoundContext
+from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.data.datasets.registry import load_dataset
@@ -189,7 +189,7 @@ def _hand_model() -> tuple[nn.Module, object, fedsparse.ServerState]:
 
 
 def test_initial_theta_and_server_gate_direction() -> None:
-    from fedcomm.algorithms.base import Uplink
+    from fedcomm.algorithms.core import Uplink
 
     model, alg, state = _hand_model()
     theta = {
@@ -208,7 +208,7 @@ def test_initial_theta_and_server_gate_direction() -> None:
 
 
 def test_client_upload_is_counted_and_is_z_times_w(fed: FederatedTensors) -> None:
-    from fedcomm.algorithms.base import ClientContext
+    from fedcomm.algorithms.core import ClientContext
 
     model = _model(fed, hidden=8)
     alg = build_algorithm(fedsparse.Config())

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from fedcomm.algorithms import build_algorithm, fedsparse
 from fedcomm.algorithms._fedsparse_local import SCALE, objective, penalty_scale
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.models import build_model

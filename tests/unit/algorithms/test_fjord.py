@@ -12,9 +12,10 @@ from pydantic import ValidationError
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _local, build_algorithm, fedavg, feddrop, fjord, heterofl
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import AlgorithmConfig, ClientContext, RoundContext, Uplink
+from fedcomm.algorithms import build_algorithm, fedavg, feddrop, fjord, heterofl
+from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
+from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

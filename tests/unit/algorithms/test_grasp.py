@@ -12,9 +12,10 @@ from tests.conftest import digits_federation
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _masks, build_algorithm, grasp
-from fedcomm.algorithms._local import LocalConfig, cross_entropy
-from fedcomm.algorithms.base import AlgorithmConfig, ClientData
+from fedcomm.algorithms import build_algorithm, grasp
+from fedcomm.algorithms.core import AlgorithmConfig, ClientData
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.local import LocalConfig, cross_entropy
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
@@ -79,7 +80,7 @@ def _run(fed: FederatedTensors, cfg: AlgorithmConfig, rounds: int) -> loop.RunRe
 
 def _warm(fed: FederatedTensors, cfg: grasp.Config) -> tuple[object, dict[str, Tensor]]:
     """The server state after the warm start, and the initial parameters."""
-    from fedcomm.algorithms.base import RoundContext, WarmStartContext
+    from fedcomm.algorithms.core import RoundContext, WarmStartContext
 
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[16])
@@ -144,7 +145,7 @@ def test_official_density_bug_is_replayed(fed: FederatedTensors) -> None:
 
 
 def test_random_client_is_drawn_from_the_warm_start_generator(fed: FederatedTensors) -> None:
-    from fedcomm.algorithms.base import RoundContext, WarmStartContext
+    from fedcomm.algorithms.core import RoundContext, WarmStartContext
 
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[16])

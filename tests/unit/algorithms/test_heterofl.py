@@ -13,8 +13,8 @@ from tests.conftest import digits_federation
 from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, fedavg, feddrop, heterofl
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import AlgorithmConfig, ClientContext, RoundContext, Uplink
+from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.models import build_model

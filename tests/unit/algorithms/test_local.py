@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-from fedcomm.algorithms._local import LocalConfig, batch_schedule, local_sgd, make_step
-from fedcomm.algorithms.base import ClientData
+from fedcomm.algorithms.core import ClientData
+from fedcomm.algorithms.core.local import LocalConfig, batch_schedule, local_sgd, make_step
 
 N, D, C = 23, 5, 3  # examples, features, classes: 23 = 2 full batches of 8 and one of 7
 
@@ -315,7 +315,7 @@ def test_functional_and_eager_steps_agree() -> None:
 def test_aux_tensors_train_with_their_own_adamax() -> None:
     """Gate-like auxiliary tensors (forward uses W * sigmoid(v)) follow torch.optim.Adamax while
     the model weights follow SGD; both in the eager and the functional/vmapped step."""
-    from fedcomm.algorithms._local import AuxAdamax, init_bufs
+    from fedcomm.algorithms.core.local import AuxAdamax, init_bufs
 
     model = _model()
     cfg = LocalConfig(epochs=2, batch_size=8, lr=0.1, momentum=0.5)

@@ -10,7 +10,7 @@ import torch
 from tests.conftest import digits_federation, tiny_cnn, tiny_params
 
 from fedcomm.algorithms import CONFIGS, build_algorithm
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.algorithms.progfed import Config, Phase, cosine_lr, schedule
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, Params
@@ -173,8 +173,8 @@ def test_one_stage_with_fedavg_settings_is_fedavg(fed: FederatedTensors) -> None
 def test_proximal_gradient_is_two_mu_times_the_drift(fed: FederatedTensors) -> None:
     """The code's μ‖θ − θ_s‖² (no ½): with a tiny lr the client's update is −lr·(g + 2μ(θ−θ_s))
     summed over steps; one step from θ_s has no drift, so compare against an explicit hook."""
-    from fedcomm.algorithms import _local
-    from fedcomm.algorithms.base import ClientContext
+    from fedcomm.algorithms.core import ClientContext
+    from fedcomm.algorithms.core import local as _local
 
     alg = build_algorithm(Config(stages=1, mu=0.5, skip_loss=None).with_rounds(4))
     net = alg.prepare_model(tiny_cnn(fed), 0) if alg.prepare_model else None

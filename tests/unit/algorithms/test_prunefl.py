@@ -14,8 +14,7 @@ from tests.conftest import digits_federation
 from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, prunefl
-from fedcomm.algorithms._local import LocalConfig
-from fedcomm.algorithms.base import (
+from fedcomm.algorithms.core import (
     ClientContext,
     ClientResult,
     FedAlgorithm,
@@ -23,6 +22,7 @@ from fedcomm.algorithms.base import (
     Uplink,
     WarmStartContext,
 )
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.models import build_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fedcomm.algorithms._reuse import Reused
+from fedcomm.algorithms.core.reuse import Reused
 
 
 def test_made_once_for_the_same_objects_and_again_for_others() -> None:

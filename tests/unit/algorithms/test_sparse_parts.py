@@ -13,17 +13,17 @@ from torch import Tensor
 from fedcomm.algorithms import (
     _feddst_client,
     _feddst_readjust,
-    _masks,
     _prunefl_client,
     _prunefl_readjust,
     feddst,
     prunefl,
 )
 from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
-from fedcomm.algorithms._local import LocalConfig
 from fedcomm.algorithms._prunefl_client import GRAD, downlink, mean_gradient, pack, unpack
-from fedcomm.algorithms._sparse_train import churn
-from fedcomm.algorithms.base import ClientContext, ClientData, Uplink
+from fedcomm.algorithms.core import ClientContext, ClientData, Uplink
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.core.sparse_train import churn
 from fedcomm.comm.payload import Free, Mask
 
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs, _submodel, afd, fedbiad, feddrop, fedmp
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms import _submodel, afd, fedbiad, feddrop, fedmp
 from fedcomm.algorithms._submodel_codec import decode_kept, encode, keep_masks, uploaded_model
 from fedcomm.algorithms._submodel_merge import (
     aggregate,
@@ -32,7 +31,9 @@ from fedcomm.algorithms._submodel_units import (
     unit_layers,
     width_counts,
 )
-from fedcomm.algorithms.base import ClientContext, ClientData, RoundContext, Uplink
+from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext, Uplink
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.payload import Free, Mask, Meta, Payload
 from fedcomm.models import build_model
 from fedcomm.models.groups import GroupSpec

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedcomm.algorithms.base import join_members, split_members
+from fedcomm.algorithms.core import join_members, split_members
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.simulation.loop import aggregate_client_metrics, sample_cohort
 
@@ -63,7 +63,7 @@ def test_warm_start_runs_once_and_is_charged_as_round_zero(tmp_path: Path) -> No
     from dataclasses import replace
 
     from fedcomm.algorithms import fedavg
-    from fedcomm.algorithms._local import LocalConfig
+    from fedcomm.algorithms.core.local import LocalConfig
     from fedcomm.comm.codecs import build_compressor, encode_dense
     from fedcomm.models import build_model
     from fedcomm.simulation import loop

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedcomm.algorithms import build_algorithm, fedavg
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.data.federated import PartitionSpec, make_partition

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedcomm.algorithms import _jobs, _local
-from fedcomm.algorithms.base import ClientData
+from fedcomm.algorithms.core import ClientData
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
 from fedcomm.models import build_model
 from fedcomm.simulation import allocator, vectorized
 from fedcomm.simulation.backends import model_unbatched_reason

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedcomm.algorithms import fedavg
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

@@ -12,7 +12,7 @@ import torch
 from tests.conftest import digits_federation, tiny_params
 
 from fedcomm.algorithms import CONFIGS, build_algorithm
-from fedcomm.algorithms._local import LocalConfig
+from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import COMPRESSORS, build_compressor
 from fedcomm.comm.compressors._common import keep_count
 from fedcomm.comm.compressors.dgc import warmup_density

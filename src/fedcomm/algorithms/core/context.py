@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms._sgd import LocalConfig
+from fedcomm.algorithms.core.sgd import LocalConfig
 from fedcomm.comm.ledger import Direction
 from fedcomm.comm.payload import Payload
 from fedcomm.types import Params

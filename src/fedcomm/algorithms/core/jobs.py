@@ -32,8 +32,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.utils.stateless import _reparametrize_module
 
-from fedcomm.algorithms._context import ClientContext, ClientData, ClientResult
-from fedcomm.algorithms._sgd import (
+from fedcomm.algorithms.core.context import ClientContext, ClientData, ClientResult
+from fedcomm.algorithms.core.sgd import (
     AuxAdamax,
     GradHook,
     LocalConfig,
@@ -265,7 +265,7 @@ def apply_update(
     cfg: LocalConfig,
     aux: AuxAdamax | None,
 ) -> None:
-    """The update of :func:`fedcomm.algorithms._local.make_step` on (clipped) gradients, in place
+    """The update of :func:`.local.make_step` on (clipped) gradients, in place
     on ``live`` and ``bufs``: ``g ← g + wd·w; b ← μb + g; w ← w − lr·b`` for the model tensors,
     Adamax for ``aux``'s. Elementwise, so the same call serves one client or a stacked chunk
     (Adamax's step count then has one entry per client)."""

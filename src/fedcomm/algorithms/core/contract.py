@@ -1,4 +1,4 @@
-"""The algorithm contract and registry.
+"""The algorithm contract: what every algorithm is, and the pieces every algorithm composes.
 
 An algorithm is a frozen value of pure functions over explicit state (FedJAX's container,
 optax's state discipline), built from its pydantic config by a registered builder:
@@ -22,7 +22,7 @@ optax's state discipline), built from its pydantic config by a registered builde
   evaluates, built around the registry's model (ProgFed's progressive net with its temporary
   heads); the loop and the evaluate stage call it, and it must be deterministic in ``seed``.
 * ``client_job(downlink, client_state, data, ctx) -> LocalJob`` (optional) the local training
-  as data (:mod:`fedcomm.algorithms._jobs`), so the vectorized backend can train a round's
+  as data (:mod:`fedcomm.algorithms.core.jobs`), so the vectorized backend can train a round's
   clients as one batched computation; ``client_update`` is then the job run sequentially
   (``_jobs.job_client_update``). Without it, ``unbatched`` says why, and the vectorized
   backend runs that algorithm's clients sequentially and logs the reason.
@@ -32,21 +32,22 @@ rounds on top of ``train.rounds`` (ProgFed's warm-up rounds, which do not count 
 
 The round loop (:mod:`fedcomm.simulation.loop`) owns sampling, encoding, accounting and
 evaluation; algorithms never see the ledger. Adding an algorithm = one module with a ``Config``
-(``name: Literal[...]``) and a ``@register(Config)`` builder; the contract tests pick it up.
+(``name: Literal[...]``) and a ``@register(Config)`` builder (:mod:`.registry`); the contract
+tests pick it up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs
-from fedcomm.algorithms._context import (
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core.context import (
     ClientContext,
     ClientData,
     ClientResult,
@@ -56,22 +57,11 @@ from fedcomm.algorithms._context import (
     Uplink,
     WarmStartContext,
 )
-from fedcomm.algorithms._jobs import LocalJob
+from fedcomm.algorithms.core.jobs import LocalJob
 from fedcomm.comm.compressors.config import CompressorConfig
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import Params
-
-__all__ = [  # the contract's types live in ._context; they are part of this module's API
-    "ClientContext",
-    "ClientData",
-    "ClientResult",
-    "ClientState",
-    "Message",
-    "RoundContext",
-    "Uplink",
-    "WarmStartContext",
-]
 
 ServerState = Any
 
@@ -175,50 +165,6 @@ def job_algorithm(
         client_job=client_job,
         server_update=server_update,
     )
-
-
-C = TypeVar("C", bound=AlgorithmConfig)
-Builder = Callable[[Any], FedAlgorithm]
-
-ALGORITHMS: dict[str, Builder] = {}
-CONFIGS: dict[str, type[AlgorithmConfig]] = {}
-
-
-def config_name(config_cls: type[AlgorithmConfig]) -> str:
-    """The ``name`` literal of an algorithm config class."""
-    field_info = config_cls.model_fields["name"]
-    args: tuple[object, ...] = getattr(field_info.annotation, "__args__", ())
-    name = args[0] if len(args) == 1 else None
-    if not isinstance(name, str):
-        raise TypeError(f"{config_cls.__name__}.name must be Literal['<one name>']")
-    return name
-
-
-def register(
-    config_cls: type[C],
-) -> Callable[[Callable[[C], FedAlgorithm]], Callable[[C], FedAlgorithm]]:
-    """Register ``build(cfg) -> FedAlgorithm`` for the algorithm named by ``config_cls``."""
-    name = config_name(config_cls)
-
-    def deco(build: Callable[[C], FedAlgorithm]) -> Callable[[C], FedAlgorithm]:
-        if name in ALGORITHMS:
-            raise ValueError(f"algorithm {name!r} registered twice")
-        ALGORITHMS[name] = build
-        CONFIGS[name] = config_cls
-        return build
-
-    return deco
-
-
-def build_algorithm(cfg: AlgorithmConfig) -> FedAlgorithm:
-    """The algorithm for a validated config."""
-    try:
-        build = ALGORITHMS[cfg.name]
-    except KeyError:
-        raise ValueError(
-            f"unknown algorithm {cfg.name!r}; registered: {sorted(ALGORITHMS)}"
-        ) from None
-    return build(cfg)
 
 
 # --- shared pieces every algorithm composes ------------------------------------------------

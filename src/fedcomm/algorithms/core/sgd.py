@@ -3,7 +3,7 @@
 Local training is written as a function of ``(model structure, params, data, config,
 generator)`` with parameters passed explicitly through :func:`torch.func.functional_call`, so
 the model object is never mutated and the vectorized backend can batch the same algorithms
-(:mod:`fedcomm.algorithms._jobs`).
+(:mod:`fedcomm.algorithms.core.jobs`).
 Algorithms vary it through hooks, never by copying it:
 
 * ``loss_hook(params, loss) -> loss``  extra terms of the local objective (e.g. L1 on groups);
@@ -145,7 +145,7 @@ def make_step(
     gradients from :func:`torch.func.grad`, every update returns new tensors, nothing leaves the
     tensor world. ``functional=False``: the same objective, hooks and update rule with eager
     autograd and in-place ``_foreach`` updates of ``live``/``bufs``, which the caller must own.
-    Tests check both agree. The backends run :mod:`fedcomm.algorithms._jobs` (the same rule, with
+    Tests check both agree. The backends run :mod:`.jobs` (the same rule, with
     per-client tensors as data); :func:`local_sgd` is its sequential executor.
     """
 

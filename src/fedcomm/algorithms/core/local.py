@@ -1,7 +1,7 @@
 """The one local-training loop every algorithm composes: :func:`local_sgd`.
 
-It runs a client's local SGD as a job (:mod:`fedcomm.algorithms._jobs`, the sequential
-executor) over the step rule of :mod:`fedcomm.algorithms._sgd`. Algorithms vary it through
+It runs a client's local SGD as a job (:mod:`fedcomm.algorithms.core.jobs`, the sequential
+executor) over the step rule of :mod:`fedcomm.algorithms.core.sgd`. Algorithms vary it through
 hooks, never by copying it:
 
 * ``loss_hook(params, loss) -> loss``  extra terms of the local objective (e.g. L1 on groups);
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _jobs
-from fedcomm.algorithms._context import ClientData
-from fedcomm.algorithms._sgd import (
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core.context import ClientData
+from fedcomm.algorithms.core.sgd import (
     AuxAdamax,
     GradHook,
     GradHookFactory,
@@ -78,7 +78,7 @@ def local_sgd(
     """Run local SGD from ``params`` on ``data``; returns new detached params and the mean loss.
 
     ``trainable`` may freeze parameters by name (they are still used in the forward pass).
-    The steps are :func:`fedcomm.algorithms._jobs.train_job`'s (the sequential executor) over
+    The steps are :func:`fedcomm.algorithms.core.jobs.train_job`'s (the sequential executor) over
     the batches of :func:`batch_schedule`. ``bufs`` is the
     optimizer state to start from (e.g. a client's persistent momentum; default: fresh); the
     state at the end is returned in :attr:`LocalResult.bufs`. The mean loss covers every

@@ -1,4 +1,4 @@
-"""Sparse training beyond :mod:`fedcomm.algorithms._masks`: the config, model check and churn.
+"""Sparse training beyond :mod:`fedcomm.algorithms.core.masks`: the config, model check and churn.
 
 FedDST, RandomMask and GraSP share :class:`SparseConfig` (the target sparsity ``S``, the layer
 budgets, the weighting of clients, the free initial download) and need a model with maskable
@@ -17,8 +17,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _masks
-from fedcomm.algorithms.base import AlgorithmConfig
+from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.core.contract import AlgorithmConfig
 from fedcomm.server_opt import ServerOptConfig
 
 
