@@ -9,7 +9,7 @@ import polars as pl
 
 from fedcomm import atomic, run_files
 from fedcomm.algorithms import build_algorithm
-from fedcomm.algorithms.base import split_members
+from fedcomm.algorithms.core import split_members
 from fedcomm.comm import bits
 from fedcomm.config import Params
 from fedcomm.evaluation.round_time import LinkModel
