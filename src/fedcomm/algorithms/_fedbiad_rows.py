@@ -22,7 +22,7 @@ neither matches. (``ih`` uploads as much as ``hh`` when the LSTM's input and hid
 equal; ``hh`` is the paper's "recurrent connections".)
 
 Patterns are ``{layer: (rows_l,) bool}``. Stage two's rule is the sub-model dropout family's
-score-ranked rule (:func:`~fedcomm.algorithms._submodel_units.by_score`, composed with
+score-ranked rule (:func:`~fedcomm.algorithms.submodel.units.by_score`, composed with
 ``select``): each layer's rows by descending score ``E``, ties at random, the first
 ``ceil((1 − p)·rows_l)`` kept.
 """
@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from fedcomm.algorithms._fedbiad_bayes import row_masks
-from fedcomm.algorithms._submodel_units import by_score, keep_ranked, score_ranking, select
+from fedcomm.algorithms.submodel.units import by_score, keep_ranked, score_ranking, select
 from fedcomm.models.groups import GroupSpec, rows
 from fedcomm.types import Params
 

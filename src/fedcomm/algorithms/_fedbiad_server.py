@@ -33,9 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from fedcomm.algorithms._fedbiad_rows import validate_model
-from fedcomm.algorithms._submodel_units import param_masks, unit_layers
 from fedcomm.algorithms.core import Uplink
 from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
+from fedcomm.algorithms.submodel.units import param_masks, unit_layers
 from fedcomm.comm.payload import Entry, Free, Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params

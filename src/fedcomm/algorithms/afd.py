@@ -47,13 +47,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _submodel
-from fedcomm.algorithms._submodel_codec import UNIT as UNIT  # f"unit/{layer}": a unit mask
-from fedcomm.algorithms._submodel_merge import masked_mean
-from fedcomm.algorithms._submodel_units import keep_counts as keep_counts
-from fedcomm.algorithms._submodel_units import keep_ranked, select
+from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, RoundContext, Uplink, register
 from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.submodel.codec import UNIT as UNIT  # f"unit/{layer}": a unit mask
+from fedcomm.algorithms.submodel.merge import masked_mean
+from fedcomm.algorithms.submodel.units import keep_counts as keep_counts
+from fedcomm.algorithms.submodel.units import keep_ranked, select
 from fedcomm.comm.payload import Entry, Free, Mask, Meta
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
@@ -75,7 +75,7 @@ class Config(AlgorithmConfig):
 
 
 @dataclass(frozen=True)
-class ServerState(_submodel.ServerState):
+class ServerState(submodel.ServerState):
     keep: dict[str, Tensor]  # (count,) bool per layer: the current sub-model
     scores: dict[str, Tensor]  # (count,) float per layer: the activation score map
     prev_loss: float | None  # ℓ_{t−1}, the last round's mean client loss (None before round 1)
@@ -158,7 +158,7 @@ def _server_metrics(state: ServerState) -> dict[str, float]:
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    def init(base: _submodel.ServerState, ctx: RoundContext) -> ServerState:
+    def init(base: submodel.ServerState, ctx: RoundContext) -> ServerState:
         """Round 1: a uniformly random sub-model (from ``(seed, ALGORITHM, 0)``), scores 0."""
         scores = {s.name: torch.zeros(s.count, device="cpu") for s in base.layers}  # with the draws
         g = torch_generator(ctx.seed, Stream.ALGORITHM, 0)
@@ -177,12 +177,12 @@ def build(cfg: Config) -> FedAlgorithm:
         )
         return replace(state, keep=keep, scores=scores, prev_loss=loss, resampled=float(resampled))
 
-    return _submodel.algorithm(
+    return submodel.algorithm(
         cfg,
-        _submodel.Selection(lambda state, client_id, ctx: state.keep, init, update),
+        submodel.Selection(lambda state, client_id, ctx: state.keep, init, update),
         masked_mean("held"),  # every client holds the same entries: the plain weighted mean
         weighting=cfg.weighting,
         pattern=Mask if cfg.count_pattern else Free,
-        client_job=_submodel.masked_client(cfg.name, meta=loss_entry),
+        client_job=submodel.masked_client(cfg.name, meta=loss_entry),
         server_metrics=_server_metrics,
     )

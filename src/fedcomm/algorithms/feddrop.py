@@ -19,7 +19,7 @@ its weight row and bias and the next layer's input columns reading it (after a f
   the entry; entries nobody held stay untouched.
 
 Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``). The unit graph, codec,
-client side and aggregation are the sub-model family's (:mod:`._submodel`), re-exported here.
+client side and aggregation are the sub-model family's (:mod:`.submodel`), re-exported here.
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _submodel
-from fedcomm.algorithms._submodel_codec import decode_kept as decode_kept
-from fedcomm.algorithms._submodel_codec import encode_kept as encode_kept
-from fedcomm.algorithms._submodel_codec import keep_masks as keep_masks
-from fedcomm.algorithms._submodel_merge import aggregate as aggregate
-from fedcomm.algorithms._submodel_merge import masked_mean
-from fedcomm.algorithms._submodel_units import drop_counts as drop_counts
-from fedcomm.algorithms._submodel_units import param_masks as param_masks
-from fedcomm.algorithms._submodel_units import select
-from fedcomm.algorithms._submodel_units import unit_layers as unit_layers
+from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, RoundContext, register
+from fedcomm.algorithms.submodel.codec import decode_kept as decode_kept
+from fedcomm.algorithms.submodel.codec import encode_kept as encode_kept
+from fedcomm.algorithms.submodel.codec import keep_masks as keep_masks
+from fedcomm.algorithms.submodel.merge import aggregate as aggregate
+from fedcomm.algorithms.submodel.merge import masked_mean
+from fedcomm.algorithms.submodel.units import drop_counts as drop_counts
+from fedcomm.algorithms.submodel.units import param_masks as param_masks
+from fedcomm.algorithms.submodel.units import select
+from fedcomm.algorithms.submodel.units import unit_layers as unit_layers
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.server_opt import ServerOptConfig
@@ -75,10 +75,10 @@ def select_units(
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
+    def keep(state: submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         counts = drop_counts(state.layers, cfg.conv_rate, cfg.fc_rate, cfg.drop_output)
         return select_units(state.layers, counts, ctx.seed, ctx.round_, client_id)
 
-    return _submodel.algorithm(
-        cfg, _submodel.Selection(keep), masked_mean(cfg.aggregate), weighting=cfg.weighting
+    return submodel.algorithm(
+        cfg, submodel.Selection(keep), masked_mean(cfg.aggregate), weighting=cfg.weighting
     )

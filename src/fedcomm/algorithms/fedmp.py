@@ -12,7 +12,7 @@ Round ``t``, client ``k``:
   rows, conv filters) with the smallest L1 norm (:func:`prune_units`: over the unit's weight
   row/filter and its bias, each layer scored on the unpruned ``w_t``; ties go to the lower
   index). The output layer stays full (§2.7). Removing a unit also removes the next layer's
-  input columns reading it (:func:`._submodel_units.param_masks`). With a fixed ratio every
+  input columns reading it (:func:`.submodel.units.param_masks`). With a fixed ratio every
   client of a round gets the same sub-model;
 * down: the sub-model's values (32 bits each) and its pattern: the client does not have ``w_t``
   and cannot recompute it, so the hidden layers' unit masks are sent as ``Mask`` (1 bit per
@@ -39,11 +39,11 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _submodel
-from fedcomm.algorithms._submodel_merge import recovered_mean
-from fedcomm.algorithms._submodel_units import keep_counts, select
+from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, register, weighted_mean
 from fedcomm.algorithms.core.context import RoundContext
+from fedcomm.algorithms.submodel.merge import recovered_mean
+from fedcomm.algorithms.submodel.units import keep_counts, select
 from fedcomm.comm.payload import Mask
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import ServerOptConfig
@@ -89,19 +89,19 @@ def r2sp(
     weights: Sequence[float],
 ) -> Params:
     """The R2SP aggregate: the weighted mean of the recovered sub-models (the server computes
-    it as ``w`` plus the mean delta: :func:`._submodel_merge.recovered_mean`)."""
+    it as ``w`` plus the mean delta: :func:`.submodel.merge.recovered_mean`)."""
     recovered = [recover(global_params, s, k) for s, k in zip(subs, keeps, strict=True)]
     return weighted_mean(recovered, weights)
 
 
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
-    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
+    def keep(state: submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         return prune_units(state.layers, state.params, cfg.p)  # the same for every client
 
-    return _submodel.algorithm(
+    return submodel.algorithm(
         cfg,
-        _submodel.Selection(keep),
+        submodel.Selection(keep),
         recovered_mean,
         weighting=cfg.weighting,
         pattern=Mask,  # the client cannot recompute w_t's ranking: 1 bit per hidden unit

@@ -6,7 +6,7 @@ baseline of FedBIAD (specs/fedsparse-fedbiad.md §2.5, output layer full as in �
 
 The width-``q`` sub-model keeps the first ``ceil(q·K_l)`` units of every hidden layer (inputs
 and the output layer full), the nested slices of HeteroFL's ordered rule
-(:func:`._submodel_units.slice_masks`).
+(:func:`.submodel.units.slice_masks`).
 
 * down: the ``q_max`` slice of the global model (32 bits per value; the slice follows from
   ``q_max``: 0-bit ``Free`` pattern); up: the delta of local training on the same entries;
@@ -34,15 +34,15 @@ import torch
 from pydantic import Field, field_validator, model_validator
 from torch import Tensor
 
-from fedcomm.algorithms import _submodel
-from fedcomm.algorithms._submodel_codec import decode_kept, keep_masks
-from fedcomm.algorithms._submodel_merge import nested
-from fedcomm.algorithms._submodel_merge import nested_aggregate as nested_aggregate
-from fedcomm.algorithms._submodel_units import first_units, slice_masks, unit_layers
+from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, register
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientContext, ClientData, ClientResult, RoundContext
+from fedcomm.algorithms.submodel.codec import decode_kept, keep_masks
+from fedcomm.algorithms.submodel.merge import nested
+from fedcomm.algorithms.submodel.merge import nested_aggregate as nested_aggregate
+from fedcomm.algorithms.submodel.units import first_units, slice_masks, unit_layers
 from fedcomm.models.groups import GroupSpec
 
 Level = Annotated[float, Field(gt=0, le=1)]
@@ -121,19 +121,19 @@ def build(cfg: Config) -> FedAlgorithm:
             params = {k: res.live[k] for k in sub}
             mean_width = sum(widths) / len(widths) if widths else float("nan")
             metrics = {"train/loss": res.loss, "fjord/mean_width": mean_width}
-            return _submodel.submodel_result(params, sub, keep, data, metrics, cfg.name)
+            return submodel.submodel_result(params, sub, keep, data, metrics, cfg.name)
 
         def draws() -> dict[str, Tensor]:  # the step's width (drawn up front, in step order)
             return masks[next(upcoming)]
 
         return _jobs.new_job(PROGRAM, sub, data, ctx.local, batches, finish, draws=draws)
 
-    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
+    def keep(state: submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         return first_units(state.layers, cfg.q_max)
 
-    return _submodel.algorithm(
+    return submodel.algorithm(
         cfg,
-        _submodel.Selection(keep),
+        submodel.Selection(keep),
         nested(cfg.levels),
         weighting="num_examples",
         client_job=client_job,

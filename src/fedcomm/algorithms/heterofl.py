@@ -8,7 +8,7 @@ Model rate ``r`` (one rate for every client, the spec's Rec): every hidden layer
 ``rows(model)`` (conv filters, hidden linear units) keeps its first ``ceil(r·C)`` units; the
 network's inputs and the output layer stay full. A kept unit takes its weight row and bias and
 the next layer's input columns reading it (after a flatten, the ``in_features / channels``
-consecutive columns of its channel), exactly FedDrop's unit graph (:mod:`._submodel_units`) with the
+consecutive columns of its channel), exactly FedDrop's unit graph (:mod:`.submodel.units`) with the
 ordered rule (a prefix) instead of a random selection.
 
 * down: the sub-model's values (32 bits each); the slice follows from ``r`` and the model, so
@@ -40,16 +40,16 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _submodel
-from fedcomm.algorithms._submodel_merge import masked_mean
-from fedcomm.algorithms._submodel_units import first_units as first_units
-from fedcomm.algorithms._submodel_units import slice_masks as slice_masks
-from fedcomm.algorithms._submodel_units import unit_layers as sequential_layers
-from fedcomm.algorithms._submodel_units import width_units as width_units
+from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, register
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientContext, ClientData, RoundContext
+from fedcomm.algorithms.submodel.merge import masked_mean
+from fedcomm.algorithms.submodel.units import first_units as first_units
+from fedcomm.algorithms.submodel.units import slice_masks as slice_masks
+from fedcomm.algorithms.submodel.units import unit_layers as sequential_layers
+from fedcomm.algorithms.submodel.units import width_units as width_units
 from fedcomm.models.groups import GroupSpec, expand_mask
 from fedcomm.types import Params
 
@@ -113,7 +113,7 @@ def local_program(cfg: Config, layers: Sequence[GroupSpec]) -> _jobs.LocalProgra
 
     uses_map = scale is not None or cfg.mask_labels
     return _jobs.LocalProgram(
-        grad_hook=_submodel.masked_grads, param_map=param_map if uses_map else None
+        grad_hook=submodel.masked_grads, param_map=param_map if uses_map else None
     )
 
 
@@ -135,14 +135,14 @@ def build(cfg: Config) -> FedAlgorithm:
         layers = sequential_layers(ctx.model, cfg.name)
         return {LABELS + k: m for k, m in label_masks(layers, data.y, sub).items()}
 
-    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
+    def keep(state: submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         return first_units(state.layers, cfg.rate)
 
     weighting = "uniform" if cfg.weighting == "count" else "num_examples"
-    return _submodel.algorithm(
+    return submodel.algorithm(
         cfg,
-        _submodel.Selection(keep),
+        submodel.Selection(keep),
         masked_mean("held"),
         weighting=weighting,
-        client_job=_submodel.masked_client(cfg.name, program=program_for, extra=labels),
+        client_job=submodel.masked_client(cfg.name, program=program_for, extra=labels),
     )

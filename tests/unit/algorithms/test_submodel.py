@@ -11,16 +11,19 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _submodel, afd, fedbiad, feddrop, fedmp
-from fedcomm.algorithms._submodel_codec import decode_kept, encode, keep_masks, uploaded_model
-from fedcomm.algorithms._submodel_merge import (
+from fedcomm.algorithms import afd, fedbiad, feddrop, fedmp, submodel
+from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext, Uplink
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.submodel.codec import decode_kept, encode, keep_masks, uploaded_model
+from fedcomm.algorithms.submodel.merge import (
     aggregate,
     masked_mean,
     nested,
     nested_aggregate,
     recovered_mean,
 )
-from fedcomm.algorithms._submodel_units import (
+from fedcomm.algorithms.submodel.units import (
     Rank,
     first_units,
     keep_counts,
@@ -31,9 +34,6 @@ from fedcomm.algorithms._submodel_units import (
     unit_layers,
     width_counts,
 )
-from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext, Uplink
-from fedcomm.algorithms.core import jobs as _jobs
-from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.payload import Free, Mask, Meta, Payload
 from fedcomm.models import build_model
 from fedcomm.models.groups import GroupSpec
@@ -238,17 +238,17 @@ def test_the_server_step_moves_only_entries_some_client_held() -> None:
     widths = iter([1.0, 0.5])  # round 1 holds everything, round 2 the first half of fc1
     updates: list[list[float]] = []
 
-    def keep(state: _submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
+    def keep(state: submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         return first_units(state.layers, width)
 
     def update(
-        state: _submodel.ServerState, ups: list[Uplink], weights: list[float], ctx: RoundContext
-    ) -> _submodel.ServerState:
+        state: submodel.ServerState, ups: list[Uplink], weights: list[float], ctx: RoundContext
+    ) -> submodel.ServerState:
         updates.append(weights)
         return state
 
-    alg = _submodel.algorithm(
-        cfg, _submodel.Selection(keep, update=update), masked_mean("held"), weighting="uniform"
+    alg = submodel.algorithm(
+        cfg, submodel.Selection(keep, update=update), masked_mean("held"), weighting="uniform"
     )
     rctx = RoundContext(1, torch.Generator(), 0, model)
     states = [alg.init_server(params, rctx)]
@@ -278,7 +278,7 @@ def test_masked_client_trains_the_sub_model_and_reports_its_fraction() -> None:
     def loss(res: _jobs.JobResult) -> dict[str, Meta]:
         return {"x/loss": Meta(torch.tensor(res.loss))}
 
-    job = _submodel.masked_client("x", meta=loss)(down, None, data, ctx)
+    job = submodel.masked_client("x", meta=loss)(down, None, data, ctx)
     res = _jobs.run_job(job, model, ctx.local)
     masks = keep_masks(down)
     kept = sum(int(m.sum()) for m in masks.values())

@@ -1,8 +1,8 @@
 """What an algorithm's functions are given and return: the data, the contexts, the results.
 
-The lowest module of :mod:`fedcomm.algorithms` (only the step rule's ``LocalConfig`` below it),
-so the local-training executor (:mod:`._jobs`) and the contract (:mod:`.base`) can both use
-these types without importing each other; :mod:`.base` re-exports them.
+The lowest module of :mod:`fedcomm.algorithms.core` (only the step rule's ``LocalConfig`` below
+it), so the local-training executor (:mod:`.jobs`) and the contract (:mod:`.contract`) can both
+use these types without importing each other; :mod:`fedcomm.algorithms.core` re-exports them.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def churn(old: Mapping[str, Tensor], new: Mapping[str, Tensor]) -> float:
 
 
 def layers_of(model: nn.Module | None) -> tuple[_masks.MaskLayer, ...]:
-    """The maskable layers of ``model`` (at least one; :func:`~._masks.maskable_layers`)."""
+    """The maskable layers of ``model`` (at least one; :func:`~.masks.maskable_layers`)."""
     if model is None:
         raise ValueError("sparse training needs the model structure in the round context")
     layers = _masks.maskable_layers(model)

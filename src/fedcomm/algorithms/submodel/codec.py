@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from fedcomm.algorithms._submodel_units import param_masks
+from fedcomm.algorithms.submodel.units import param_masks
 from fedcomm.comm.payload import Dense, Entry, Free, Mask
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params

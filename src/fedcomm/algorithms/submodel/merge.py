@@ -2,7 +2,7 @@
 
 An :data:`Aggregation` maps the decoded client deltas (zeros off each client's sub-model), their
 full-shape keep masks and the clients' weights to ``(Δ, held)``; the family then applies
-``w ← w + server_opt(Δ)`` only where ``held`` (:func:`fedcomm.algorithms._submodel.algorithm`):
+``w ← w + server_opt(Δ)`` only where ``held`` (:func:`fedcomm.algorithms.submodel.algorithm`):
 
 * :func:`masked_mean` ``held`` (FedDrop, AFD, HeteroFL): ``Δ = Σ_k w_k δ_k / Σ_{k holds it} w_k``
   per entry; ``all`` (FedDrop's option): divided by every client's weight;
@@ -20,8 +20,8 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms._submodel_units import slice_masks
 from fedcomm.algorithms.core import weighted_mean
+from fedcomm.algorithms.submodel.units import slice_masks
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params
 

@@ -4,12 +4,12 @@ Each method of the family is, as an optax optimizer is a ``chain`` of transforms
 :func:`algorithm` composing three pieces:
 
 1. a **selection** (:class:`Selection`): the unit keep masks of client ``k``'s sub-model in a
-   round, from a ranking rule and keep counts (:mod:`._submodel_units`); a rule with state of its
+   round, from a ranking rule and keep counts (:mod:`.units`); a rule with state of its
    own (AFD's score map) extends the server state and moves it after each server step;
-2. the **codec** (:mod:`._submodel_codec`): the sub-model's values at 32 bits each down and its
+2. the **codec** (:mod:`.codec`): the sub-model's values at 32 bits each down and its
    delta up, the full-shape pattern ``Free`` and, with ``pattern``, the unit masks as ``Free`` or
    ``Mask`` (1 bit per hidden unit, counted);
-3. an **aggregation** (:mod:`._submodel_merge`): the deltas to ``(Δ, held)``, then
+3. an **aggregation** (:mod:`.merge`): the deltas to ``(Δ, held)``, then
    ``w ← w + server_opt(Δ)`` only where some client held the entry; entries nobody held stay.
 
 The client side is shared (:func:`masked_client`): masked local SGD on the decoded sub-model
@@ -27,16 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from fedcomm.algorithms import core
-from fedcomm.algorithms._submodel_codec import (
-    Pattern,
-    decode_kept,
-    encode,
-    encode_kept,
-    keep_masks,
-    uploaded_model,
-)
-from fedcomm.algorithms._submodel_merge import Aggregation
-from fedcomm.algorithms._submodel_units import unit_layers
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import (
@@ -46,6 +36,16 @@ from fedcomm.algorithms.core.context import (
     RoundContext,
     Uplink,
 )
+from fedcomm.algorithms.submodel.codec import (
+    Pattern,
+    decode_kept,
+    encode,
+    encode_kept,
+    keep_masks,
+    uploaded_model,
+)
+from fedcomm.algorithms.submodel.merge import Aggregation
+from fedcomm.algorithms.submodel.units import unit_layers
 from fedcomm.comm.payload import Entry, Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState, apply_step
@@ -58,7 +58,7 @@ class ServerState:
 
     params: Params
     opt_state: OptState
-    layers: tuple[GroupSpec, ...]  # the unit graph (:func:`._submodel_units.unit_layers`)
+    layers: tuple[GroupSpec, ...]  # the unit graph (:func:`.units.unit_layers`)
 
 
 # (server state, client id, ctx) -> (count,) bool unit keep masks per layer
@@ -179,7 +179,7 @@ def algorithm(
     client_job: _jobs.ClientJob | None = None,
     **optional: Any,
 ) -> core.FedAlgorithm:
-    """A sub-model method: ``select`` → :func:`._submodel_codec.encode` (with ``pattern``) →
+    """A sub-model method: ``select`` → :func:`.codec.encode` (with ``pattern``) →
     ``client_job`` (default: :func:`masked_client` with prefix ``cfg.name``) → ``aggregation``
     with ``weighting`` (:func:`core.client_weights`) → ``server_opt`` where held → the
     selection's update. ``optional`` sets other :class:`core.FedAlgorithm` fields."""
