@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from fedcomm.algorithms import build_algorithm, fedavg, fedsparse
+from fedcomm.algorithms import build_algorithm, fedavg
 from fedcomm.algorithms.core import RoundContext
 from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.fedsparse import algorithm as fedsparse
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.data.datasets.registry import load_dataset

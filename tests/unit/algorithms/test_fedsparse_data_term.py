@@ -12,9 +12,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from fedcomm.algorithms import build_algorithm, fedsparse
-from fedcomm.algorithms._fedsparse_local import SCALE, objective, penalty_scale
+from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.fedsparse import algorithm as fedsparse
+from fedcomm.algorithms.fedsparse.local import SCALE, objective, penalty_scale
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.models import build_model
@@ -65,7 +66,7 @@ def test_shard_sum_is_the_mean_reading_with_penalties_over_n(fed: FederatedTenso
 
 def test_objective_weighs_the_penalties_by_the_client_scale() -> None:
     spec_name, T = "fc.in", 1e-3
-    from fedcomm.algorithms._fedsparse_local import COST, GATE, THETA, StepRule
+    from fedcomm.algorithms.fedsparse.local import COST, GATE, THETA, StepRule
 
     class _Spec:  # one group spec's view as `objective` reads it
         name = spec_name

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcomm.algorithms._fedsparse_gates import gate_probs
-from fedcomm.algorithms._fedsparse_messages import decode_downlink, encode_downlink, encode_upload
-from fedcomm.algorithms._fedsparse_penalties import drift, l0_cost, prior_log_likelihood
-from fedcomm.algorithms._fedsparse_server import prune, server_metrics, zero_pruned
+from fedcomm.algorithms.fedsparse.gates import gate_probs
+from fedcomm.algorithms.fedsparse.messages import decode_downlink, encode_downlink, encode_upload
+from fedcomm.algorithms.fedsparse.penalties import drift, l0_cost, prior_log_likelihood
+from fedcomm.algorithms.fedsparse.server import prune, server_metrics, zero_pruned
 from fedcomm.models import build_model, groups
 
 

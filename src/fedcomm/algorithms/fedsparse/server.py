@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms._fedsparse_gates import gate_probs
 from fedcomm.algorithms.core.grouped import entry_masks, member_axes, scatter_mask
+from fedcomm.algorithms.fedsparse.gates import gate_probs
 from fedcomm.models.groups import GroupSpec
 from fedcomm.types import Params
 

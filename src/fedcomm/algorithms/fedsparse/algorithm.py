@@ -6,19 +6,19 @@ choices from ``specs/fedsparse-fedbiad.md`` §1.2-1.5.
 
 Gates per group g (conv filter; linear input feature; the output layer's inputs unless
 ``prune_output: false``): ``θ_g = σ((‖w_g‖ − softplus(v_g))/T)`` on the server, and
-``π_sg = σ((sg‖w_sg‖ − softplus(v_sg))/T)`` on client s (norms detached; ``_fedsparse_gates``).
+``π_sg = σ((sg‖w_sg‖ − softplus(v_sg))/T)`` on client s (norms detached; :mod:`.gates`).
 
 Client (one local epoch): minimise ``CE(w_s ⊙ z) + λ0 Σ_g |g| π_g
 − c_CE Σ_g [π_g log θ_g + (1 − π_g) log(1 − θ_g)] + (λ/2) Σ_g π_g ‖w_sg − w_g‖²`` with
 hard-concrete gates ``z`` (β = 2/3, γ = −0.1, ζ = 1.1; log α = logit π), SGD on ``w_s`` and
-Adamax on ``v_s`` (``_fedsparse_penalties``, ``_fedsparse_local``); then draw ``z_s ~ Bern(π_s)``
+Adamax on ``v_s`` (:mod:`.penalties`, :mod:`.local`); then draw ``z_s ~ Bern(π_s)``
 and upload ``z_s`` (1 bit per surviving group) and the weights of the groups with ``z = 1`` (plus
 ungated parameters).
 
 Server (Algorithm 1): ``g_w = mean_s z_s ⊙ (ŵ_s − w)`` -> Adam; ``g_v = mean_s −(z_s − θ) σ(v)/T``
 -> Adamax (lr 1e-2); then groups with ``θ ≤ prune_threshold`` are pruned for good (weights and
-Adam moments zeroed; ``_fedsparse_server``). Down: surviving weights, ``v`` of surviving groups,
-1 bit per group (``_fedsparse_messages``).
+Adam moments zeroed; :mod:`.server`). Down: surviving weights, ``v`` of surviving groups,
+1 bit per group (:mod:`.messages`).
 
 Choices (spec [AMB] recommendations are the defaults): mean cross-entropy as the likelihood
 term (``data_term: shard_sum`` is Eq. 17's sum over the shard's N_s examples instead: the
@@ -47,30 +47,6 @@ import torch
 from pydantic import ConfigDict, Field
 from torch import Tensor
 
-from fedcomm.algorithms._fedsparse_gates import L0_SHIFT, gate_probs, initial_v, sample_z
-from fedcomm.algorithms._fedsparse_gates import gate_logits as gate_logits
-from fedcomm.algorithms._fedsparse_gates import hard_concrete as hard_concrete
-from fedcomm.algorithms._fedsparse_local import (
-    GATE,
-    Programs,
-    StepRule,
-    gated_groups,
-    penalty_scale,
-    step_constants,
-    step_noise,
-)
-from fedcomm.algorithms._fedsparse_local import NOISE as NOISE
-from fedcomm.algorithms._fedsparse_local import input_gated as input_gated
-from fedcomm.algorithms._fedsparse_local import layer_of as layer_of
-from fedcomm.algorithms._fedsparse_messages import decode_downlink, encode_downlink, encode_upload
-from fedcomm.algorithms._fedsparse_server import (
-    prune,
-    server_metrics,
-    uploaded_gates,
-    v_gradient,
-    weight_gradient,
-    zero_pruned,
-)
 from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
@@ -89,6 +65,30 @@ from fedcomm.algorithms.core.context import (
     Uplink,
 )
 from fedcomm.algorithms.core.reuse import Reused
+from fedcomm.algorithms.fedsparse.gates import L0_SHIFT, gate_probs, initial_v, sample_z
+from fedcomm.algorithms.fedsparse.gates import gate_logits as gate_logits
+from fedcomm.algorithms.fedsparse.gates import hard_concrete as hard_concrete
+from fedcomm.algorithms.fedsparse.local import (
+    GATE,
+    Programs,
+    StepRule,
+    gated_groups,
+    penalty_scale,
+    step_constants,
+    step_noise,
+)
+from fedcomm.algorithms.fedsparse.local import NOISE as NOISE
+from fedcomm.algorithms.fedsparse.local import input_gated as input_gated
+from fedcomm.algorithms.fedsparse.local import layer_of as layer_of
+from fedcomm.algorithms.fedsparse.messages import decode_downlink, encode_downlink, encode_upload
+from fedcomm.algorithms.fedsparse.server import (
+    prune,
+    server_metrics,
+    uploaded_gates,
+    v_gradient,
+    weight_gradient,
+    zero_pruned,
+)
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adamax, apply_step

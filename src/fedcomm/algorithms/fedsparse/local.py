@@ -17,11 +17,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms._fedsparse_gates import gate_logits, hard_concrete
-from fedcomm.algorithms._fedsparse_penalties import drift, l0_cost, prior_log_likelihood
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.grouped import member_axes
+from fedcomm.algorithms.fedsparse.gates import gate_logits, hard_concrete
+from fedcomm.algorithms.fedsparse.penalties import drift, l0_cost, prior_log_likelihood
 from fedcomm.models.groups import GroupSpec, group_sizes, groups
 from fedcomm.types import Params
 
