@@ -30,7 +30,8 @@ VARIANTS = ("fedavg", "fedbiad", "fedbiad-no-noise", "fedsparse", "fedsparse-gat
 
 def one(variant: str, rounds: int, data_root: str) -> list[float]:
     """This process: one repeat of ``variant``; the round times."""
-    from fedcomm.algorithms import CONFIGS, fedbiad
+    from fedcomm.algorithms import CONFIGS
+    from fedcomm.algorithms.fedbiad import algorithm as fedbiad
 
     algorithm = variant.split("-")[0]
     if variant == "fedbiad-no-noise":

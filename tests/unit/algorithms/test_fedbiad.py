@@ -12,9 +12,10 @@ from pydantic import ValidationError
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import build_algorithm, fedavg, fedbiad
+from fedcomm.algorithms import build_algorithm, fedavg
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, ClientData, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.fedbiad import algorithm as fedbiad
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

@@ -14,11 +14,12 @@ from pydantic import ValidationError
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import _fedbiad_bayes as bayes
-from fedcomm.algorithms import _fedbiad_rows as rows_
-from fedcomm.algorithms import build_algorithm, fedbiad
+from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.fedbiad import algorithm as fedbiad
+from fedcomm.algorithms.fedbiad import bayes
+from fedcomm.algorithms.fedbiad import rows as rows_
 from fedcomm.models import build_model
 
 VOCAB = 20

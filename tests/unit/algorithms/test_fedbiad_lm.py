@@ -12,9 +12,10 @@ from tests.conftest import digits_federation
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.algorithms import build_algorithm, fedbiad
+from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.core import ClientContext, ClientData, ClientResult, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig, cross_entropy
+from fedcomm.algorithms.fedbiad import algorithm as fedbiad
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

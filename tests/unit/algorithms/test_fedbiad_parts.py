@@ -1,6 +1,6 @@
 """FedBIAD's helper modules on their own: the selection rules in the sub-model family's shape and
-stage one's check (``_fedbiad_rows``), the local step's hooks (``_fedbiad_bayes``) and the
-server's model check and reconstruction (``_fedbiad_server``)."""
+stage one's check (``fedbiad.rows``), the local step's hooks (``fedbiad.bayes``) and the
+server's model check and reconstruction (``fedbiad.server``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedcomm.algorithms import _fedbiad_bayes as bayes
-from fedcomm.algorithms import _fedbiad_rows as rows_
-from fedcomm.algorithms import _fedbiad_server as server
 from fedcomm.algorithms.core import Uplink
+from fedcomm.algorithms.fedbiad import bayes, server
+from fedcomm.algorithms.fedbiad import rows as rows_
 from fedcomm.models import build_model
 
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms import afd, fedbiad, feddrop, fedmp, submodel
+from fedcomm.algorithms import afd, feddrop, fedmp, submodel
 from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext, Uplink
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.fedbiad import algorithm as fedbiad
 from fedcomm.algorithms.submodel.codec import decode_kept, encode, keep_masks, uploaded_model
 from fedcomm.algorithms.submodel.merge import (
     aggregate,

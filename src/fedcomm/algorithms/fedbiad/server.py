@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms._fedbiad_rows import validate_model
 from fedcomm.algorithms.core import Uplink
 from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
+from fedcomm.algorithms.fedbiad.rows import validate_model
 from fedcomm.algorithms.submodel.units import param_masks, unit_layers
 from fedcomm.comm.payload import Entry, Free, Payload
 from fedcomm.models.groups import GroupSpec

@@ -6,20 +6,20 @@ implementation choices from ``specs/fedsparse-fedbiad.md`` §0, §2.1-2.4, §2.7
 
 This module is Algorithm 1; the details live beside the code that implements them:
 
-* ``_fedbiad_rows``: the droppable rows (``drop_output_layer``; ``lstm_rows``, with the paper's
+* :mod:`.rows`: the droppable rows (``drop_output_layer``; ``lstm_rows``, with the paper's
   LM upload sizes computed for ``hh``/``both``), the keep counts ``ceil((1 − p)·rows_l)``
   (``pattern_scope``), the two stages' patterns, Eq. 8's trend and Eq. 9's scores, and stage
   one's check after each local step (lines 18-26, ``stage_one_check``);
-* ``_fedbiad_bayes``: the local objective, ``θ = β ∘ (U + s̃ε)`` with ``s̃²`` of Eq. 13 (its
+* :mod:`.bayes`: the local objective, ``θ = β ∘ (U + s̃ε)`` with ``s̃²`` of Eq. 13 (its
   inputs read off the model) and the KL of Eqs. 2/5 (``kl``, ``kl_samples``, ``alpha``; why
   ``seen`` is the default: ``client`` costs 8 points on MNIST);
-* ``_fedbiad_server``: the upload and Eq. 10's three readings (``aggregation``: why ``masked``
+* :mod:`.server`: the upload and Eq. 10's three readings (``aggregation``: why ``masked``
   is the default and ``eq10`` as printed falls to 75.4% on MNIST), ``next_columns``.
 
 Client ``k``, round ``r`` (persistent score vector ``E^k``, one float per row, from 0):
 
 * forward pass ``θ = β ∘ (U + s̃ε)``, loss ``mean CE + KL/(α·m)``; dropped rows are zero and
-  frozen (``_fedbiad_bayes``);
+  frozen (:mod:`.bayes`);
 * stage one (``r ≤ R_b``): a random pattern ``β``; at iterations ``v = 2τ, 3τ, …`` the trend
   ``ΔL = mean(ℓ_{v−τ+1..v}) − mean(ℓ_{v−2τ+1..v−τ})`` (Eq. 8); ``ΔL > 0`` resamples ``β`` for the
   next ``τ`` iterations; the scores of the rows held at ``v`` are updated by Eq. 9 (only at these
@@ -46,39 +46,6 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms._fedbiad_bayes import (
-    KL_COEF,
-    S_TILDE,
-    kl_weight,
-    likelihood_terms,
-    local_data_loss,
-    local_program,
-    model_variance,
-    row_masks,
-    weight_noise,
-)
-from fedcomm.algorithms._fedbiad_bayes import posterior_variance as posterior_variance
-from fedcomm.algorithms._fedbiad_rows import (
-    Track,
-    initial_scores,
-    random_pattern,
-    row_specs,
-    score_pattern,
-    stage_one_check,
-)
-from fedcomm.algorithms._fedbiad_rows import is_check_point as is_check_point
-from fedcomm.algorithms._fedbiad_rows import keep_counts as keep_counts
-from fedcomm.algorithms._fedbiad_rows import recurrent_matrix as recurrent_matrix
-from fedcomm.algorithms._fedbiad_rows import score_update as score_update
-from fedcomm.algorithms._fedbiad_rows import top_rows as top_rows
-from fedcomm.algorithms._fedbiad_rows import trend as trend
-from fedcomm.algorithms._fedbiad_server import (
-    aggregate,
-    check_model,
-    encode_upload,
-    reconstruct,
-    uploaded_model,
-)
 from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
@@ -97,6 +64,39 @@ from fedcomm.algorithms.core.context import (
     Uplink,
 )
 from fedcomm.algorithms.core.grouped import entry_masks
+from fedcomm.algorithms.fedbiad.bayes import (
+    KL_COEF,
+    S_TILDE,
+    kl_weight,
+    likelihood_terms,
+    local_data_loss,
+    local_program,
+    model_variance,
+    row_masks,
+    weight_noise,
+)
+from fedcomm.algorithms.fedbiad.bayes import posterior_variance as posterior_variance
+from fedcomm.algorithms.fedbiad.rows import (
+    Track,
+    initial_scores,
+    random_pattern,
+    row_specs,
+    score_pattern,
+    stage_one_check,
+)
+from fedcomm.algorithms.fedbiad.rows import is_check_point as is_check_point
+from fedcomm.algorithms.fedbiad.rows import keep_counts as keep_counts
+from fedcomm.algorithms.fedbiad.rows import recurrent_matrix as recurrent_matrix
+from fedcomm.algorithms.fedbiad.rows import score_update as score_update
+from fedcomm.algorithms.fedbiad.rows import top_rows as top_rows
+from fedcomm.algorithms.fedbiad.rows import trend as trend
+from fedcomm.algorithms.fedbiad.server import (
+    aggregate,
+    check_model,
+    encode_upload,
+    reconstruct,
+    uploaded_model,
+)
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec

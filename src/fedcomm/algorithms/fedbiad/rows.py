@@ -38,7 +38,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fedcomm.algorithms._fedbiad_bayes import row_masks
+from fedcomm.algorithms.fedbiad.bayes import row_masks
 from fedcomm.algorithms.submodel.units import by_score, keep_ranked, score_ranking, select
 from fedcomm.models.groups import GroupSpec, rows
 from fedcomm.types import Params
