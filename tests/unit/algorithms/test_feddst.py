@@ -12,10 +12,11 @@ import torch
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import build_algorithm, feddst, randommask
+from fedcomm.algorithms import build_algorithm, randommask
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.feddst import algorithm as feddst
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

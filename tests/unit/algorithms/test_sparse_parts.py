@@ -10,20 +10,16 @@ import pytest
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms import (
-    _feddst_client,
-    _feddst_readjust,
-    _prunefl_client,
-    _prunefl_readjust,
-    feddst,
-    prunefl,
-)
-from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
+from fedcomm.algorithms import _prunefl_client, _prunefl_readjust, prunefl
 from fedcomm.algorithms._prunefl_client import GRAD, downlink, mean_gradient, pack, unpack
 from fedcomm.algorithms.core import ClientContext, ClientData, Uplink
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.algorithms.core.sparse_train import churn
+from fedcomm.algorithms.feddst import algorithm as feddst
+from fedcomm.algorithms.feddst import client as dst_client
+from fedcomm.algorithms.feddst import readjust as dst_readjust
+from fedcomm.algorithms.feddst.comm import Downlinks, mask_charge
 from fedcomm.comm.payload import Free, Mask
 
 
@@ -71,10 +67,10 @@ def _ctx(epochs: int) -> ClientContext:
 
 @pytest.mark.parametrize(("at_epoch", "expected"), [(None, 8), (0, 2), (1, 5), (7, 8)])
 def test_client_readjusts_after_the_chosen_epoch(at_epoch: int | None, expected: int) -> None:
-    batches, at = _feddst_client.plan(_data(10), _ctx(3), True, at_epoch)  # 3 batches an epoch
+    batches, at = dst_client.plan(_data(10), _ctx(3), True, at_epoch)  # 3 batches an epoch
     assert len(batches) == 9 and at == expected
-    assert _feddst_client.plan(_data(10), _ctx(3), False, None)[1] == -1
-    assert _feddst_client.plan(_data(0), _ctx(3), True, None)[1] == -1
+    assert dst_client.plan(_data(10), _ctx(3), False, None)[1] == -1
+    assert dst_client.plan(_data(0), _ctx(3), True, None)[1] == -1
 
 
 def test_downlinks_are_encoded_once_per_state_and_kind() -> None:
@@ -102,9 +98,9 @@ def test_prunefl_messages_round_trip_on_the_mask() -> None:
 
 def test_the_algorithm_modules_re_export_their_helpers_names() -> None:
     for name in ("annealed_ratio", "pruned_sparsity", "prune", "regrow", "readjust"):
-        assert getattr(feddst, name) is getattr(_feddst_readjust, name)
-    assert feddst.Readjustment is _feddst_readjust.Readjustment
-    assert feddst.DEFAULT_READJUST_END == _feddst_readjust.DEFAULT_READJUST_END == 200
+        assert getattr(feddst, name) is getattr(dst_readjust, name)
+    assert feddst.Readjustment is dst_readjust.Readjustment
+    assert feddst.DEFAULT_READJUST_END == dst_readjust.DEFAULT_READJUST_END == 200
     for name in ("readjust", "prune_fraction", "is_readjust"):
         assert getattr(prunefl, name) is getattr(_prunefl_readjust, name)
     assert prunefl.ClientState is _prunefl_client.ClientState

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms import _feddst_client
-from fedcomm.algorithms._feddst_client import frozen_masks, masks_of
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.context import ClientContext, ClientData
 from fedcomm.algorithms.core.masks import Masks
 from fedcomm.algorithms.core.sparse_train import SparseConfig, layers_of
+from fedcomm.algorithms.feddst import client
+from fedcomm.algorithms.feddst.client import frozen_masks, masks_of
 from fedcomm.types import Params
 
 DEFAULT_READJUST_END = 200  # the code's R // 2 at its default R = 400 rounds
@@ -119,7 +119,7 @@ def readjust_step(
     S, layers = cfg.sparsity, layers_of(ctx.model)
     s_prune = pruned_sparsity(S, adjust.alpha_at(ctx.round_))
     current = masks_of(frozen, names)
-    grads = _feddst_client.ce_grads(ctx.model, live, list(current), data.x[idx], data.y[idx])
+    grads = client.ce_grads(ctx.model, live, list(current), data.x[idx], data.y[idx])
     new_params, new_masks = readjust(
         live,
         current,

@@ -5,7 +5,7 @@ it): the client's masks ride in the job's frozen tensors under :data:`MASK` and 
 ``post_step`` zeroes the masked-out weights after every step. In a readjustment round the job
 calls an ``after_step`` hook after batch :func:`readjust_batch`, where FedDST takes the dense
 gradient (:func:`ce_grads`) and readjusts; the hook's frozen update replaces the masks.
-:func:`finish` uploads ``(θ_k ⊙ m_k, m_k)`` (costs: :mod:`fedcomm.algorithms._feddst_comm`).
+:func:`finish` uploads ``(θ_k ⊙ m_k, m_k)`` (costs: :mod:`fedcomm.algorithms.feddst.comm`).
 """
 
 from __future__ import annotations

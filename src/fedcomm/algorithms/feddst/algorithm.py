@@ -5,8 +5,8 @@ Learning Better", AAAI 2022 (arXiv:2112.09824). The paper body was not available
 follows the official code (bibikar/feddst @ 25d6184) as read in ``specs/feddst-progfed.md`` §1.
 Equation numbers are the paper's (``papers/feddst.txt``): (2) the cosine ``α_r``, (3) the sparse
 weighted average. Masks, layer budgets ``k_l(S)``, messages: :mod:`fedcomm.algorithms.core.masks`;
-the readjustment (Eq. 2, prune, regrow, its schedule): :mod:`fedcomm.algorithms._feddst_readjust`;
-the client's masked job and upload: :mod:`fedcomm.algorithms._feddst_client`.
+the readjustment (Eq. 2, prune, regrow, its schedule): :mod:`fedcomm.algorithms.feddst.readjust`;
+the client's masked job and upload: :mod:`fedcomm.algorithms.feddst.client`.
 
 * init: ``m_0`` = layer-wise magnitude pruning of ``θ_0`` to ``k_l(S)`` (``distribution``);
 * client: local SGD (``train.local``: lr, momentum, weight decay; a fresh optimizer each round)
@@ -32,7 +32,7 @@ algorithm is built without a run.
 
 Communication (spec §1(c)): the active values and biases each way, the mask only when the
 receiver lacks it (down: the client's mask differs from the global one; up: rounds it readjusted);
-the rule in full: :mod:`fedcomm.algorithms._feddst_comm`.
+the rule in full: :mod:`fedcomm.algorithms.feddst.comm`.
 
 Flags for the spec's surprises (§1(e)), defaults faithful to the code: ``alpha_schedule``
 (gate_only), ``grow_candidates`` (``all``: active entries may be re-grown and reset to 0, so a
@@ -54,19 +54,6 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms import _feddst_client
-from fedcomm.algorithms._feddst_client import ClientShared, ClientState, frozen_masks
-from fedcomm.algorithms._feddst_comm import Downlinks, mask_charge
-from fedcomm.algorithms._feddst_readjust import (
-    DEFAULT_READJUST_END,
-    Readjustment,
-    annealed_ratio,
-    prune,
-    pruned_sparsity,
-    readjust,
-    readjust_step,
-    regrow,
-)
 from fedcomm.algorithms.core import FedAlgorithm, client_weights, job_algorithm, register
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import masks as _masks
@@ -80,6 +67,19 @@ from fedcomm.algorithms.core.context import (
 )
 from fedcomm.algorithms.core.masks import Masks
 from fedcomm.algorithms.core.sparse_train import SparseConfig, churn, layers_of, validate_model
+from fedcomm.algorithms.feddst import client
+from fedcomm.algorithms.feddst.client import ClientShared, ClientState, frozen_masks
+from fedcomm.algorithms.feddst.comm import Downlinks, mask_charge
+from fedcomm.algorithms.feddst.readjust import (
+    DEFAULT_READJUST_END,
+    Readjustment,
+    annealed_ratio,
+    prune,
+    pruned_sparsity,
+    readjust,
+    readjust_step,
+    regrow,
+)
 from fedcomm.comm.payload import Payload
 from fedcomm.types import Params
 
@@ -165,10 +165,10 @@ def client_job(
     local epoch ``at_epoch`` (:func:`readjust_step`); upload ``(θ_k ⊙ m_k, m_k)``."""
     params, masks = shared.downlink(down)
     due = adjust is not None and adjust.due(ctx.round_)
-    batches, at = _feddst_client.plan(data, ctx, due, adjust.at_epoch if adjust else None)
+    batches, at = client.plan(data, ctx, due, adjust.at_epoch if adjust else None)
     now = adjust if at >= 0 else None  # readjusting in this job
     upload_mask = now.upload_mask if now else None
-    finish = partial(_feddst_client.finish, cfg.name, upload_mask, shared, masks, data)
+    finish = partial(client.finish, cfg.name, upload_mask, shared, masks, data)
     return _jobs.new_job(
         shared.program,
         params,
