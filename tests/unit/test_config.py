@@ -141,21 +141,11 @@ def test_bad_params_leave_no_outputs(project: Path) -> None:
 def test_model_configs_match_the_model_registry() -> None:
     import typing
 
-    from fedcomm import config
+    from fedcomm.config import model
     from fedcomm.models.registry import MODELS, option_names
 
     covered = set()
-    models = (
-        config.MlpModel,
-        config.CnnModel,
-        config.FeddstCnnModel,
-        config.ResNetModel,
-        config.ResNet18Model,
-        config.ProgfedEmnistCnnModel,
-        config.ProgfedCifarCnnModel,
-        config.LstmModel,
-    )
-    for cls in models:
+    for cls in typing.get_args(typing.get_args(model.ModelConfig)[0]):
         for name in typing.get_args(cls.model_fields["name"].annotation):
             covered.add(name)
             assert set(cls.model_fields) - {"name"} == set(option_names(name)), name
@@ -167,12 +157,12 @@ def test_partition_configs_match_the_partitioner_registry() -> None:
     import inspect
     import typing
 
-    from fedcomm import config
+    from fedcomm.config import partition
     from fedcomm.data.partitioners import PARTITIONERS
 
     common = {"kind", "num_partitions", "test_fraction", "seed"}
     covered = set()
-    for cls in typing.get_args(typing.get_args(config.PartitionConfig)[0]):
+    for cls in typing.get_args(typing.get_args(partition.PartitionConfig)[0]):
         (kind,) = typing.get_args(cls.model_fields["kind"].annotation)
         covered.add(kind)
         accepted = set(inspect.signature(PARTITIONERS[kind]).parameters)
@@ -217,12 +207,12 @@ def test_feddst_readjust_end_defaults_to_half_the_rounds() -> None:
 def test_dataset_configs_cover_the_dataset_registry() -> None:
     import typing
 
-    from fedcomm import config
+    from fedcomm.config import data
     from fedcomm.data.datasets.registry import DATASETS
 
     names = {
         n
-        for cls in typing.get_args(typing.get_args(config.DatasetConfig)[0])
+        for cls in typing.get_args(typing.get_args(data.DatasetConfig)[0])
         for n in typing.get_args(cls.model_fields["name"].annotation)
     }
     assert names == set(DATASETS)
@@ -232,14 +222,14 @@ def test_dataset_config_defaults_are_accepted_by_the_loaders(tmp_path: Path) -> 
     """Every option a dataset config passes is one its loader accepts (with its defaults)."""
     import typing
 
-    from fedcomm import config
+    from fedcomm.config import data
     from fedcomm.data.datasets.registry import load_dataset
     from fedcomm.data.datasets.verify import DatasetNotFoundError
 
-    for cls in typing.get_args(typing.get_args(config.DatasetConfig)[0]):
+    for cls in typing.get_args(typing.get_args(data.DatasetConfig)[0]):
         for name in typing.get_args(cls.model_fields["name"].annotation):
             required = {"path": "images"} if name == "image_folder" else {}  # no default
-            cfg = config.DataConfig(dataset={"name": name, **required})  # type: ignore[arg-type]
+            cfg = data.DataConfig(dataset={"name": name, **required})  # type: ignore[arg-type]
             with contextlib.suppress(DatasetNotFoundError):  # options accepted, files absent
                 load_dataset(name, tmp_path, **cfg.options())
 
