@@ -13,7 +13,7 @@ import torch
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import build_algorithm, prunefl
+from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.core import (
     ClientContext,
     ClientResult,
@@ -23,6 +23,7 @@ from fedcomm.algorithms.core import (
     WarmStartContext,
 )
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.prunefl import algorithm as prunefl
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.models import build_model

@@ -10,8 +10,6 @@ import pytest
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms import _prunefl_client, _prunefl_readjust, prunefl
-from fedcomm.algorithms._prunefl_client import GRAD, downlink, mean_gradient, pack, unpack
 from fedcomm.algorithms.core import ClientContext, ClientData, Uplink
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig
@@ -20,6 +18,10 @@ from fedcomm.algorithms.feddst import algorithm as feddst
 from fedcomm.algorithms.feddst import client as dst_client
 from fedcomm.algorithms.feddst import readjust as dst_readjust
 from fedcomm.algorithms.feddst.comm import Downlinks, mask_charge
+from fedcomm.algorithms.prunefl import algorithm as prunefl
+from fedcomm.algorithms.prunefl import client as pfl_client
+from fedcomm.algorithms.prunefl import readjust as pfl_readjust
+from fedcomm.algorithms.prunefl.client import GRAD, downlink, mean_gradient, pack, unpack
 from fedcomm.comm.payload import Free, Mask
 
 
@@ -102,8 +104,8 @@ def test_the_algorithm_modules_re_export_their_helpers_names() -> None:
     assert feddst.Readjustment is dst_readjust.Readjustment
     assert feddst.DEFAULT_READJUST_END == dst_readjust.DEFAULT_READJUST_END == 200
     for name in ("readjust", "prune_fraction", "is_readjust"):
-        assert getattr(prunefl, name) is getattr(_prunefl_readjust, name)
-    assert prunefl.ClientState is _prunefl_client.ClientState
+        assert getattr(prunefl, name) is getattr(pfl_readjust, name)
+    assert prunefl.ClientState is pfl_client.ClientState
 
 
 def test_prunefl_averages_the_uploaded_gradients_unweighted() -> None:

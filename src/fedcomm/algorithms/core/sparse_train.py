@@ -4,7 +4,7 @@ FedDST, RandomMask and GraSP share :class:`SparseConfig` (the target sparsity ``
 budgets, the weighting of clients, the free initial download) and need a model with maskable
 (Conv/Linear) weights: :func:`layers_of`. (PruneFL names its maskable weights as
 ``named_parameters`` does, so that a tied weight keeps its parameter's name:
-:func:`fedcomm.algorithms._prunefl_times.maskable`.) FedDST and PruneFL both log how far a
+:func:`fedcomm.algorithms.prunefl.times.maskable`.) FedDST and PruneFL both log how far a
 readjustment moved the mask (the FedDST code's debug print, PruneFL's ``n_differences / N``):
 :func:`churn`.
 """

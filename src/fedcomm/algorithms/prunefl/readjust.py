@@ -1,7 +1,7 @@
 """PruneFL's adaptive mask update: which entries stay (:func:`readjust`), when, and with what ``p``.
 
 :func:`readjust`, from gradients ``g`` of the maskable entries, per-entry times ``t_l`` of their
-layers (:mod:`fedcomm.algorithms._prunefl_times`) and the pruned fraction ``p``: take entries in
+layers (:mod:`fedcomm.algorithms.prunefl.times`) and the pruned fraction ``p``: take entries in
 descending ``g²`` while ``g²/t_l ≥ Σ g²/(c + Σ t)`` over the entries already taken (``c``:
 ``time_offset``, the code's ``t = 0.2``) or while at most ``(1 − p)·N`` have been taken (the
 code's ``n_grown <= n_required``, so ``⌊(1 − p)·N⌋ + 1`` are always kept); stop at the first
@@ -10,7 +10,7 @@ entry that meets neither. The mask is the entries taken. ``p = p_initial`` in ph
 ``p_exponent: round``: the code's ``0.3·0.5^server_round``, 0-based). Readjustments happen in
 rounds ``first_readjust + k·every`` (:func:`is_readjust`); a federated one uses the unweighted
 mean of the clients' uploaded gradients
-(:func:`fedcomm.algorithms._prunefl_client.mean_gradient`).
+(:func:`fedcomm.algorithms.prunefl.client.mean_gradient`).
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ layer (first and last included); biases and everything else are dense and never 
 
 Readjustment (:func:`readjust`): a new mask from the gradients ``g`` of the maskable entries,
 their per-entry times ``t_l`` and the pruned fraction ``p`` (``p_initial`` in phase one, then
-:func:`prune_fraction`): :mod:`fedcomm.algorithms._prunefl_readjust` (the rule in full).
+:func:`prune_fraction`): :mod:`fedcomm.algorithms.prunefl.readjust` (the rule in full).
 
 Per-entry times ``t_l`` (``layer_time``: ``uniform``, ``flops`` or a measured list) and the
-maskable layers: :mod:`fedcomm.algorithms._prunefl_times`; the messages and masked local training:
-:mod:`fedcomm.algorithms._prunefl_client`.
+maskable layers: :mod:`fedcomm.algorithms.prunefl.times`; the messages and masked local training:
+:mod:`fedcomm.algorithms.prunefl.client`.
 
 * Phase one (``warm_start``, before round 1): one client drawn uniformly from those with data
   runs up to ``initial_rounds`` local rounds (each: local training per ``train.local``) from the
@@ -26,7 +26,7 @@ maskable layers: :mod:`fedcomm.algorithms._prunefl_times`; the messages and mask
   FedDST). The client trains only active weights (masked-out weights zeroed after every step)
   and uploads its update on the active entries and the dense parameters; in rounds
   ``first_readjust + k·readjust_every`` also its dense last-minibatch gradient of every maskable
-  entry. Clients never change the mask. The bits: :mod:`fedcomm.algorithms._prunefl_client`.
+  entry. Clients never change the mask. The bits: :mod:`fedcomm.algorithms.prunefl.client`.
 * Server: ``w ← mask ⊙ (w + server_opt(Σ_k n_k Δ_k / Σ_k n_k))`` (the default ``sgd``, lr 1, is
   the weighted average of the active values); in readjustment rounds it then averages the
   gradients (unweighted, as the code) and readjusts the mask; weights leaving it are zeroed,
@@ -44,21 +44,6 @@ import torch
 from pydantic import Field, PositiveFloat
 from torch import Tensor
 
-from fedcomm.algorithms._prunefl_client import (
-    GRAD,
-    MASK,
-    VERSION,
-    ClientState,
-    downlink,
-    masks_of,
-    mean_gradient,
-    pack,
-    train_masked,
-    unpack,
-    uploaded_model,
-)
-from fedcomm.algorithms._prunefl_readjust import is_readjust, prune_fraction, readjust
-from fedcomm.algorithms._prunefl_times import entry_times, maskable, validate_model
 from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
@@ -78,6 +63,21 @@ from fedcomm.algorithms.core.context import (
     WarmStartContext,
 )
 from fedcomm.algorithms.core.sparse_train import churn
+from fedcomm.algorithms.prunefl.client import (
+    GRAD,
+    MASK,
+    VERSION,
+    ClientState,
+    downlink,
+    masks_of,
+    mean_gradient,
+    pack,
+    train_masked,
+    unpack,
+    uploaded_model,
+)
+from fedcomm.algorithms.prunefl.readjust import is_readjust, prune_fraction, readjust
+from fedcomm.algorithms.prunefl.times import entry_times, maskable, validate_model
 from fedcomm.comm.payload import Dense, Mask, Payload
 from fedcomm.server_opt import OptState, Transform, apply_step
 from fedcomm.types import Params
