@@ -59,7 +59,8 @@ class Cifar100(Strict):
 
 class ImageFolder(Strict):
     """Any dataset in torchvision's ImageFolder layout: ``<path>/{train,test}/<class>/<image>``
-    under the data root, decoded once and cached by content (``data.datasets.image_folder``)."""
+    under the data root, decoded once and cached by content
+    (``fedcomm.data.datasets.image_folder``)."""
 
     name: Literal["image_folder"] = "image_folder"
     path: str = Field(
