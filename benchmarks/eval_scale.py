@@ -38,7 +38,7 @@ import numpy as np
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import load_params, validate_params
 from fedcomm.data.types import Dataset
-from fedcomm.simulation import loop
+from fedcomm.simulation import local_eval, loop
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.stages import partition, train
 
@@ -120,7 +120,7 @@ def rounds(args: argparse.Namespace, dataset: Dataset) -> dict[str, Any]:
             cfg = train.loop_config(p, seed, "feddst")
             clock = EvalClock()
             clock.global_x = data.global_test.x
-            patches = [patch.object(loop, "evaluate", clock.wrap(vars(loop)["evaluate"], None))]
+            patches = [patch.object(local_eval, "evaluate", clock.wrap(local_eval.evaluate, None))]
             if hasattr(loop, "evaluate_global"):
                 patches.append(
                     patch.object(

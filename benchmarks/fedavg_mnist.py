@@ -10,7 +10,7 @@ evaluated every round on the 10,000 official test images (clients have no test s
 Start-up (data load + partition + tensors + model build) is timed apart from the rounds.
 Round times come from the loop's ``progress`` callback; the breakdown uses the loop's own
 ``time/client_s`` metric (mean client local training, times clients per round) and a timing
-wrapper around ``loop.evaluate`` (global vs per-client evaluation). See benchmarks/README.md.
+wrapper around ``evaluate`` (global vs per-client evaluation). See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from fedcomm.data.types import Dataset
 from fedcomm.evaluation.metrics import evaluate
 from fedcomm.models import build_model
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.simulation import global_eval, loop
+from fedcomm.simulation import global_eval, local_eval, loop
 from fedcomm.simulation.data import FederatedTensors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ N_TRAIN, CLIENTS, PER_ROUND = 60_000, 1000, 100
 
 
 class EvalTimer:
-    """Wraps ``loop.evaluate``: seconds spent on the global test set vs client test splits."""
+    """Wraps ``evaluate``: seconds spent on the global test set vs client test splits."""
 
     def __init__(self, inner: Callable[..., Any], global_test_x: torch.Tensor) -> None:
         self.inner, self.global_test_x = inner, global_test_x
@@ -75,7 +75,7 @@ def start_up(data_root: str, seed: int) -> tuple[FederatedTensors, torch.nn.Modu
     data = FederatedTensors.build(train, part.train, part.test)  # client test splits are empty
     test = ClientData(torch.from_numpy(pool.x[N_TRAIN:]), torch.from_numpy(pool.y[N_TRAIN:]).long())
     data = dataclasses.replace(data, global_test=test)
-    gen = torch_generator(seed, Stream.INIT)  # as experiment.build_run_model seeds it
+    gen = torch_generator(seed, Stream.INIT)  # as stages.train.build_run_model seeds it
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
     model = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[128])
     return data, model
@@ -98,7 +98,7 @@ def one_repeat(rounds: int, data_root: str, seed: int) -> dict[str, Any]:
         timer.global_s = timer.local_s = 0.0
 
     with (  # the loop's evaluations, timed: local in loop, global in global_eval
-        patch.object(loop, "evaluate", timer),
+        patch.object(local_eval, "evaluate", timer),
         patch.object(global_eval, "evaluate", timer),
     ):
         t_run = time.perf_counter()

@@ -23,7 +23,7 @@ from torch import nn
 from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
-from fedcomm.simulation import device, loop, vectorized
+from fedcomm.simulation import device, local_eval, loop, vectorized
 from fedcomm.simulation.data import FederatedTensors
 from tests.conftest import digits_federation
 from tests.contract.test_backends import LOCALS, OVERRIDES, _text_federation
@@ -190,13 +190,13 @@ def test_autocast_covers_local_training_only(
 ) -> None:
     """Evaluation (global and each client's upload) runs outside autocast: fp32 numbers."""
     seen: list[bool] = []
-    real = loop.evaluate
+    real = local_eval.evaluate
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(torch.is_autocast_enabled("cpu"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "evaluate", spy)
+    monkeypatch.setattr(local_eval, "evaluate", spy)
     run("fedavg", fed, mlp(fed), backend=backend, device="cpu", precision="bf16")
     assert seen and not any(seen)
 

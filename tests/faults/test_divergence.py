@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.cli import app
 from fedcomm.comm.codecs import Compressor, build_compressor, encode_dense
-from fedcomm.simulation import loop
+from fedcomm.simulation import divergence, loop
 from fedcomm.simulation.data import FederatedTensors
 from tests.conftest import digits_federation, small_loop, tiny_params
 
@@ -50,19 +50,19 @@ def _poison_every_other() -> Compressor:
 
 def test_the_rule_by_hand() -> None:
     ok = {"w": torch.ones(3)}
-    assert loop.diverged(2.3, ok, 1e6) is None
-    assert loop.diverged(None, ok, 1e6) is None  # an algorithm that reports no loss
-    assert "nan" in str(loop.diverged(math.nan, ok, 1e6))
-    assert "inf" in str(loop.diverged(math.inf, ok, 1e6))
-    assert "limit 1e+06" in str(loop.diverged(2e6, ok, 1e6))
+    assert divergence.diverged(2.3, ok, 1e6) is None
+    assert divergence.diverged(None, ok, 1e6) is None  # an algorithm that reports no loss
+    assert "nan" in str(divergence.diverged(math.nan, ok, 1e6))
+    assert "inf" in str(divergence.diverged(math.inf, ok, 1e6))
+    assert "limit 1e+06" in str(divergence.diverged(2e6, ok, 1e6))
     bad = {"w": torch.tensor([1.0, math.inf]), "n": torch.tensor([1, 2])}
-    assert "update of w" in str(loop.diverged(0.5, bad, 1e6))
+    assert "update of w" in str(divergence.diverged(0.5, bad, 1e6))
     # NaN anywhere, the first bad tensor named; huge but finite values and empty tensors are fine
     nan = {"a": torch.zeros(0), "b": torch.ones(4), "c": torch.tensor([2.0, math.nan, -math.inf])}
-    assert "update of c" in str(loop.diverged(0.5, nan, 1e6))
+    assert "update of c" in str(divergence.diverged(0.5, nan, 1e6))
     big = {"a": torch.full((3,), 3e38), "b": torch.full((2,), -3e38, dtype=torch.float64)}
-    assert loop.diverged(0.5, big, 1e6) is None
-    assert loop.diverged(0.5, {"a": torch.zeros(0), "n": torch.tensor([5])}, 1e6) is None
+    assert divergence.diverged(0.5, big, 1e6) is None
+    assert divergence.diverged(0.5, {"a": torch.zeros(0), "n": torch.tensor([5])}, 1e6) is None
 
 
 @pytest.mark.parametrize("backend", ["sequential", "vectorized"])
@@ -70,7 +70,8 @@ def test_an_exploding_lr_stops_at_round_one_naming_the_key(
     fed: FederatedTensors, backend: str
 ) -> None:
     with pytest.raises(
-        loop.DivergenceError, match=r"round 1: client \d+ diverged.*train\.local\.lr \(now 1e\+30\)"
+        divergence.DivergenceError,
+        match=r"round 1: client \d+ diverged.*train\.local\.lr \(now 1e\+30\)",
     ):
         _run(fed, build_compressor("none"), lr=1e30, backend=backend)
 
@@ -80,12 +81,12 @@ def test_skip_leaves_diverged_clients_out_and_counts_them(fed: FederatedTensors)
     assert all(bool(torch.isfinite(v).all()) for v in res.final_params.values())
     counted = [r.get("train/diverged_clients") for r in res.state.round_rows]
     assert counted == [1.0, 2.0]  # calls 2 (round 1), 4 and 6 (round 2) were poisoned
-    with pytest.raises(loop.DivergenceError, match="non-finite value in its update"):
+    with pytest.raises(divergence.DivergenceError, match="non-finite value in its update"):
         _run(fed, _poison_every_other())  # the default stops
 
 
 def test_skip_still_stops_when_every_client_diverged(fed: FederatedTensors) -> None:
-    with pytest.raises(loop.DivergenceError, match="every client diverged"):
+    with pytest.raises(divergence.DivergenceError, match="every client diverged"):
         _run(fed, build_compressor("none"), lr=1e30, on_divergence="skip")
 
 

@@ -19,7 +19,10 @@ Per round ``r`` (1-based):
 Step 3 runs on the configured backend (:mod:`fedcomm.simulation.backends`): ``sequential``
 reuses one model object for every client (parameters passed explicitly, never deep-copied into
 per-client modules); ``vectorized`` trains the cohort as one batched computation. Both hand back
-the clients in cohort order, so the rest of the round is the same code.
+the clients in cohort order, so the rest of the round is the same code. Beside this file:
+``start.py`` (round 0 of a fresh run), ``timed.py`` (step 3 under a ``system`` section: the
+clients timed and the round settled), ``local_eval.py`` (the client store, local accuracy),
+``divergence.py``, ``round_metrics.py`` (comm, loss and density), ``global_eval.py``.
 """
 
 from __future__ import annotations
@@ -35,27 +38,34 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from fedcomm.algorithms.core import (
     FedAlgorithm,
     RoundContext,
     Uplink,
-    WarmStartContext,
     split_members,
 )
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
-from fedcomm.comm.ledger import Ledger, Status
+from fedcomm.comm.ledger import Ledger
 from fedcomm.comm.payload import Payload
-from fedcomm.evaluation.metrics import evaluate
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
-from fedcomm.simulation import checkpoint, device, timed
+from fedcomm.simulation import checkpoint, device, local_eval, timed
 from fedcomm.simulation.backends import Backend, RoundInputs, Turn
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.simulation.divergence import DivergenceError, diverged
 from fedcomm.simulation.global_eval import evaluate_global
+from fedcomm.simulation.local_eval import ClientRecord
+from fedcomm.simulation.round_metrics import (
+    aggregate_client_metrics,
+    comm_metrics,
+    density,
+    weighted,
+)
+from fedcomm.simulation.start import initial_state
 from fedcomm.system.config import SystemConfig
 from fedcomm.types import Params
 
@@ -92,42 +102,6 @@ class LoopConfig:
     data_root: Path | None = None  # where system's real traces are read
 
 
-class DivergenceError(RuntimeError):
-    """A client's training loss is non-finite or exploded, or its update is non-finite."""
-
-
-def diverged(loss: float | None, update: Mapping[str, Tensor], limit: float) -> str | None:
-    """Why a client's round diverged, or None: a loss that is NaN, infinite or above ``limit``
-    (``None``: the algorithm reports none), or a non-finite value in its decoded update."""
-    if loss is not None and not loss <= limit:  # NaN compares false
-        return f"training loss {loss:.4g}" + ("" if math.isnan(loss) else f" (limit {limit:g})")
-    floats = [(n, t) for n, t in update.items() if t.is_floating_point() and t.numel()]
-    if not floats:
-        return None
-    # fast path: a finite sum means every value is finite (NaN and ±inf propagate); a non-finite
-    # sum may also be an overflow of huge finite values, so only then is each value checked
-    # (one device for the stack: an update may keep a scalar, AFD's uploaded loss, on the CPU)
-    device = floats[0][1].device
-    sums = torch.stack([t.sum().to(device) for _, t in floats])
-    if bool(torch.isfinite(sums).all()):  # one read back per client
-        return None
-    bad = next((n for n, t in floats if not bool(torch.isfinite(t).all())), None)
-    return None if bad is None else f"a non-finite value in its update of {bad}"
-
-
-@dataclass
-class ClientRecord:
-    """What the client store keeps per client between its participations."""
-
-    state: Any = None
-    compressor_state: Any = None
-    local_accuracy: float | None = None  # of its last upload, on its own test split
-    local_loss: float | None = None
-    test_n: int = 0
-    pending: Any = None  # its last upload on the CPU, not yet evaluated (local_eval_every > 1)
-    pending_row: int | None = None  # its index in the run's client rows
-
-
 @dataclass(frozen=True)
 class RunResult:
     state: checkpoint.RunState
@@ -144,12 +118,6 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> list[int]
         raise ValueError(f"train.clients_per_round={k} exceeds the {num_clients} clients")
     rng = numpy_rng(seed, Stream.SAMPLING, round_)
     return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
-
-
-def density(params: Mapping[str, Tensor]) -> float:
-    nnz = sum(int(torch.count_nonzero(v)) for v in params.values())
-    numel = sum(v.numel() for v in params.values())
-    return nnz / numel if numel else 1.0
 
 
 def run(
@@ -203,18 +171,8 @@ def _run(
         else None
     )
     resumed_from = state.round_ if state is not None else 0
-    if state is None:
-        init = {k: v.detach().clone() for k, v in model.named_parameters()}
-        state = checkpoint.RunState(config_hash=config_hash)
-        gen = torch_generator(cfg.seed, Stream.SERVER, 0)
-        state.server = algorithm.init_server(init, RoundContext(0, gen, cfg.seed, model))
-        if algorithm.warm_start is not None:  # e.g. GraSP, PruneFL phase one: round 0
-            warm = Ledger([])
-            wctx = WarmStartContext(gen, cfg.seed, model, cfg.local)
-            state.server, messages = algorithm.warm_start(state.server, data.train, wctx)
-            for cid, direction, payload in messages:
-                warm.record(0, cid, direction, payload)
-            state.ledger_rows = warm.rows
+    if state is None:  # round 0: the server's initial state, an algorithm's warm start
+        state = initial_state(algorithm, model, data, cfg.seed, cfg.local, config_hash)
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
     if checkpoint_path is not None and resumed_from == 0:
@@ -274,7 +232,7 @@ def _one_round(
     sim: timed.SystemRun | None = None,
 ) -> tuple[dict[str, float | None], int, int]:
     rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, model)
-    start_s = elapsed_s(state)  # simulated seconds before this round (system only)
+    start_s = timed.elapsed_s(state.round_rows)  # simulated seconds before this round (system only)
     online = 0
     if sim is None:
         cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
@@ -328,14 +286,14 @@ def _one_round(
             uploaded = algorithm.uploaded_model(decoded_down, decoded_up)  # what the server got
         local: tuple[float | None, float | None, int | None]
         if local_due:  # evaluated now: its record holds the result
-            local = _local_eval(model, uploaded, data, cid, cfg.eval_batch_size)
+            local = local_eval.evaluate_upload(model, uploaded, data, cid, cfg.eval_batch_size)
             state.clients[cid] = ClientRecord(result.state, comp_state, *local)
         else:  # kept until local evaluation is due; its last result is reused until then
             state.clients[cid] = ClientRecord(
                 result.state,
                 comp_state,
-                *(_last_result(record)),
-                pending=_on(uploaded, torch.device("cpu")),
+                *(local_eval.last_result(record)),
+                pending=local_eval.copy_to(uploaded, torch.device("cpu")),
                 pending_row=len(state.client_rows),
             )
             local = (None, None, None)  # this upload's row: filled in when evaluated
@@ -377,37 +335,15 @@ def _one_round(
             up_bits += ledger.record(round_, turn.client_id, "up", payload)
             take(turn, payload, comp_state, seconds, {})
     else:  # every client timed from its bits and work, then the round settled
-        clocked: list[timed.Timed] = []
-        walls: dict[int, float] = {}
-        for turn in turns:
-            d = ledger.record(round_, turn.client_id, "down", turn.down)
-            down_bits += d
-            payload, comp_state, walls[turn.client_id] = encode(turn)
-            clocked.append(timed.time_turn(sim, turn, payload, comp_state, d, cfg.local, start_s))
 
-        def retrain(t: timed.Timed, steps: int) -> timed.Timed:  # partial work: the first steps
-            local = LocalConfig(**{**cfg.local.model_dump(), "epochs": None, "steps": steps})
-            (turn,) = backend.turns(inputs([t.turn.client_id], local))
-            payload, comp_state, walls[turn.client_id] = encode(turn)
-            return timed.time_turn(
-                sim, turn, payload, comp_state, t.down_bits, cfg.local, start_s, steps
-            )
+        def train(cid: int, local: LocalConfig) -> Turn:
+            (turn,) = backend.turns(inputs([cid], local))
+            return turn
 
-        settled = timed.settle(sim, clocked, cfg.clients_per_round, start_s, retrain)
-        for t in settled.accepted:
-            cid = t.turn.client_id
-            up_bits += ledger.record(round_, cid, "up", t.payload)
-            status = "partial_work" if cid in settled.partial else "aggregated"
-            take(t.turn, t.payload, t.comp_state, walls[cid], _sim_row(t, status))
-        for t, sent in settled.dropped:
-            cut: Status = "partial" if sent else "not_sent"
-            up_bits += ledger.record(
-                round_, t.turn.client_id, "up", t.payload, status=cut, sent_bits=sent
-            )
-            state.client_rows.append(
-                {"round": round_, "client_id": t.turn.client_id,
-                 "num_examples": t.turn.result.num_examples, **_sim_row(t, "dropped")}
-            )  # fmt: skip
+        up_bits, down_bits, settled = timed.play_round(
+            sim, turns, ledger=ledger, round_=round_, k=cfg.clients_per_round, local=cfg.local,
+            start_s=start_s, encode=encode, train=train, take=take, client_rows=state.client_rows,
+        )  # fmt: skip
     if not uplinks and (sim is None or skipped):
         raise DivergenceError(
             f"round {round_}: every client diverged ({len(skipped)} skipped). Lower train.local.lr"
@@ -424,26 +360,21 @@ def _one_round(
     cum_bits += up_bits + down_bits
     cum_up_bits += up_bits
     metrics: dict[str, float | None] = {
-        "comm/up_bytes": bits.to_bytes(up_bits),
-        "comm/down_bytes": bits.to_bytes(down_bits),
-        "comm/cum_bytes": bits.to_bytes(cum_bits),
-        "comm/cum_gib": bits.to_gib(cum_bits),
-        "comm/cum_up_bytes": bits.to_bytes(cum_up_bits),
-        "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,  # dense model / sent
-        # all bits so far / dense FedAvg's (model down and up per client) over as many rounds
-        "comm/cost_vs_dense": cum_bits / (2 * bits.dense(numel) * max(1, len(cohort)) * round_),
-        "train/loss": _weighted([lo for lo, _ in losses], [n for _, n in losses]),
+        **comm_metrics(
+            up_bits, down_bits, up_dense_bits, cum_bits, cum_up_bits, numel, len(cohort), round_
+        ),
+        "train/loss": weighted([lo for lo, _ in losses], [n for _, n in losses]),
         "time/client_s": float(np.mean(train_s)) if train_s else None,
         "time/client_max_s": float(np.max(train_s)) if train_s else None,
         "time/server_s": server_s,
     }
-    if sim is not None:
-        metrics.update(_sim_metrics(settled, len(cohort), online, start_s))
+    if settled is not None:
+        metrics.update(timed.round_metrics(settled, len(cohort), online, start_s))
     if skipped:
         metrics["train/diverged_clients"] = float(len(skipped))
     if local_due:
-        _evaluate_pending(state, model, data, cfg.eval_batch_size)
-        metrics.update(_local_metrics(state.clients, data.num_clients))
+        local_eval.evaluate_pending(state, model, data, cfg.eval_batch_size)
+        metrics.update(local_eval.local_metrics(state.clients, data.num_clients))
     metrics.update(aggregate_client_metrics(client_metrics))
     metrics.update(
         {
@@ -467,120 +398,3 @@ def _one_round(
                 one = evaluate_global(model, member, data, batch_size=batch).union
                 metrics[f"global/member{k}/accuracy"] = one.accuracy
     return metrics, cum_bits, cum_up_bits
-
-
-def aggregate_client_metrics(per_client: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The round's value of each algorithm-specific client metric: max for ``*_max`` keys, min
-    for ``*_min``, else the unweighted mean over clients (``train/loss`` is handled apart)."""
-    keys = sorted({k for m in per_client for k in m} - {"train/loss"})
-    out: dict[str, float] = {}
-    for key in keys:
-        values = [float(m[key]) for m in per_client if key in m and not math.isnan(float(m[key]))]
-        if not values:
-            continue
-        if key.endswith("_max"):
-            out[key] = max(values)
-        elif key.endswith("_min"):
-            out[key] = min(values)
-        else:
-            out[key] = float(np.mean(values))
-    return out
-
-
-def _weighted(values: list[float], weights: list[int]) -> float | None:
-    pairs = [(v, w) for v, w in zip(values, weights, strict=True) if not math.isnan(v) and w > 0]
-    if not pairs:
-        return None
-    return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
-
-
-LocalResult = tuple[float | None, float | None, int]  # accuracy, loss, test examples
-
-
-def _local_eval(
-    model: nn.Module, params: Any, data: FederatedTensors, cid: int, batch_size: int
-) -> LocalResult:
-    """Client ``cid``'s model ``params`` on its own test split."""
-    test = data.test[cid]
-    local = evaluate(model, params, test.x, test.y, batch_size=batch_size)
-    return (local.accuracy if local.n else None, local.loss if local.n else None, local.n)
-
-
-def _last_result(record: ClientRecord | None) -> LocalResult:
-    if record is None:
-        return (None, None, 0)
-    return (record.local_accuracy, record.local_loss, record.test_n)
-
-
-def _on(params: Any, dev: torch.device) -> Any:
-    """``params`` (a mapping of tensors, or a list of them) copied to ``dev``."""
-    if isinstance(params, Mapping):
-        return {k: v.detach().to(dev, copy=True) for k, v in params.items()}
-    return [_on(p, dev) for p in params]
-
-
-def _evaluate_pending(
-    state: checkpoint.RunState, model: nn.Module, data: FederatedTensors, batch_size: int
-) -> None:
-    """Evaluate every upload kept since the last local evaluation (clients in id order): its
-    result goes to the client's record and to the client row of the round it was uploaded."""
-    dev = data.global_test.x.device
-    for cid in sorted(c for c, r in state.clients.items() if r.pending is not None):
-        record = state.clients[cid]
-        result = _local_eval(model, _on(record.pending, dev), data, cid, batch_size)
-        record.local_accuracy, record.local_loss, record.test_n = result
-        if record.pending_row is not None:
-            row = state.client_rows[record.pending_row]
-            row["local_accuracy"], row["local_loss"], row["test_n"] = result
-        record.pending, record.pending_row = None, None
-
-
-def _local_metrics(
-    clients: Mapping[int, ClientRecord], num_clients: int
-) -> dict[str, float | None]:
-    """Local accuracy over clients that have uploaded (unweighted and test-size weighted)."""
-    seen = [r for r in clients.values() if r.local_accuracy is not None]
-    if not seen:
-        return {"local/accuracy": None, "local/accuracy_weighted": None, "local/coverage": 0.0}
-    accs = [float(r.local_accuracy) for r in seen if r.local_accuracy is not None]
-    return {
-        "local/accuracy": float(np.mean(accs)),
-        "local/accuracy_weighted": _weighted(accs, [r.test_n for r in seen]),
-        "local/coverage": len(clients) / num_clients,
-    }
-
-
-def elapsed_s(state: checkpoint.RunState) -> float:
-    """Simulated seconds the run has spent so far (0 without a ``system`` section)."""
-    if not state.round_rows:
-        return 0.0
-    return float(state.round_rows[-1].get("time/sim_elapsed_s") or 0.0)
-
-
-def _sim_row(t: timed.Timed, status: str) -> dict[str, Any]:
-    """A client's simulated round in its client row (seconds from the round's start)."""
-    c = t.time
-    return {
-        "status": status,
-        "local_steps": len(t.sizes),
-        "sim_down_s": c.down_s,
-        "sim_compute_s": c.compute_s,
-        "sim_up_s": c.up_s,
-        "sim_finish_s": c.finish_s,
-    }
-
-
-def _sim_metrics(
-    settled: timed.Settled | None, sampled: int, online: int, start_s: float
-) -> dict[str, float | None]:
-    round_s = settled.round_s if settled is not None else 0.0
-    finished = len(settled.accepted) if settled is not None else 0
-    return {
-        "time/sim_round_s": round_s,
-        "time/sim_elapsed_s": start_s + round_s,
-        "system/online": float(online),
-        "system/sampled": float(sampled),
-        "system/finished": float(finished),
-        "system/dropped": float(sampled - finished),
-        "system/partial": float(len(settled.partial)) if settled is not None else 0.0,
-    }

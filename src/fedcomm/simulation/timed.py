@@ -7,12 +7,17 @@ aggregated: the first ``K`` to finish within the deadline. A straggler is droppe
 ``stragglers: partial`` retrained for the local steps that fit before the deadline (the loop's
 ``retrain`` callback) and aggregated if its new uplink then makes it. Dropped clients keep their
 state from before the round: the server never saw their work.
+
+:func:`play_round` is the loop's steps 4-8 under simulated time: every client's downlink
+recorded and its uplink encoded and timed, the round settled, then the accepted clients'
+uplinks recorded and handed to the loop's ``take`` and the dropped ones' recorded as cut
+(``not_sent`` / ``partial``) with a ``dropped`` client row.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ from typing import Any
 from torch import nn
 
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.comm.ledger import Ledger, Status
 from fedcomm.comm.payload import Payload
 from fedcomm.simulation.backends import Turn
 from fedcomm.simulation.data import FederatedTensors
@@ -167,3 +173,95 @@ def _sent_by(sim: SystemRun, t: Timed, start_s: float, round_s: float) -> int:
     up = sim.population.up[t.turn.client_id]
     sent = up.bits_between(start_s + t.time.up_start_s, start_s + round_s)
     return min(t.payload.nbits().total, int(sent))
+
+
+Encode = Callable[[Turn], tuple[Payload, Any, float]]  # -> uplink, compressor state, wall seconds
+Train = Callable[[int, LocalConfig], Turn]  # one client trained again under other local steps
+Take = Callable[[Turn, Payload, Any, float, dict[str, Any]], None]  # the loop aggregates a client
+
+
+def play_round(
+    sim: SystemRun,
+    turns: Iterable[Turn],
+    *,
+    ledger: Ledger,
+    round_: int,
+    k: int,
+    local: LocalConfig,
+    start_s: float,
+    encode: Encode,
+    train: Train,
+    take: Take,
+    client_rows: list[dict[str, Any]],
+) -> tuple[int, int, Settled]:
+    """The round's clients timed from their bits and work, then the round settled: the uplink
+    and downlink bits the ledger recorded, and the outcome. ``take`` gets each accepted client
+    (cohort order) with its client row's simulated part; each dropped one gets a row in
+    ``client_rows`` here."""
+    up_bits = down_bits = 0
+    clocked: list[Timed] = []
+    walls: dict[int, float] = {}
+    for turn in turns:
+        d = ledger.record(round_, turn.client_id, "down", turn.down)
+        down_bits += d
+        payload, comp_state, walls[turn.client_id] = encode(turn)
+        clocked.append(time_turn(sim, turn, payload, comp_state, d, local, start_s))
+
+    def retrain(t: Timed, steps: int) -> Timed:  # partial work: the first steps
+        partial = LocalConfig(**{**local.model_dump(), "epochs": None, "steps": steps})
+        turn = train(t.turn.client_id, partial)
+        payload, comp_state, walls[turn.client_id] = encode(turn)
+        return time_turn(sim, turn, payload, comp_state, t.down_bits, local, start_s, steps)
+
+    settled = settle(sim, clocked, k, start_s, retrain)
+    for t in settled.accepted:
+        cid = t.turn.client_id
+        up_bits += ledger.record(round_, cid, "up", t.payload)
+        status = "partial_work" if cid in settled.partial else "aggregated"
+        take(t.turn, t.payload, t.comp_state, walls[cid], client_row(t, status))
+    for t, sent in settled.dropped:
+        cut: Status = "partial" if sent else "not_sent"
+        up_bits += ledger.record(
+            round_, t.turn.client_id, "up", t.payload, status=cut, sent_bits=sent
+        )
+        client_rows.append(
+            {"round": round_, "client_id": t.turn.client_id,
+             "num_examples": t.turn.result.num_examples, **client_row(t, "dropped")}
+        )  # fmt: skip
+    return up_bits, down_bits, settled
+
+
+def elapsed_s(round_rows: Sequence[Mapping[str, Any]]) -> float:
+    """Simulated seconds the run has spent so far (0 without a ``system`` section)."""
+    if not round_rows:
+        return 0.0
+    return float(round_rows[-1].get("time/sim_elapsed_s") or 0.0)
+
+
+def client_row(t: Timed, status: str) -> dict[str, Any]:
+    """A client's simulated round in its client row (seconds from the round's start)."""
+    c = t.time
+    return {
+        "status": status,
+        "local_steps": len(t.sizes),
+        "sim_down_s": c.down_s,
+        "sim_compute_s": c.compute_s,
+        "sim_up_s": c.up_s,
+        "sim_finish_s": c.finish_s,
+    }
+
+
+def round_metrics(
+    settled: Settled, sampled: int, online: int, start_s: float
+) -> dict[str, float | None]:
+    """The round's ``time/sim_*`` and ``system/*`` metrics."""
+    finished = len(settled.accepted)
+    return {
+        "time/sim_round_s": settled.round_s,
+        "time/sim_elapsed_s": start_s + settled.round_s,
+        "system/online": float(online),
+        "system/sampled": float(sampled),
+        "system/finished": float(finished),
+        "system/dropped": float(sampled - finished),
+        "system/partial": float(len(settled.partial)),
+    }

@@ -12,11 +12,11 @@ from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.fedavg import Config as FedAvgConfig
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, validate_params
-from fedcomm.simulation import loop
+from fedcomm.simulation import local_eval, loop
 from tests.conftest import digits_federation, small_loop, tiny_params
 
 LOCAL = ("local/accuracy", "local/accuracy_weighted", "local/coverage")
-_LOCAL_EVAL = loop._local_eval  # the loop's local evaluation, spied on by each run
+_LOCAL_EVAL = local_eval.evaluate_upload  # the loop's local evaluation, spied on by each run
 
 
 def _run(every: int, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, list[int]]:
@@ -30,7 +30,7 @@ def _run(every: int, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, l
         evaluated.append(cid)
         return inner(model, params, data, cid, batch_size)
 
-    monkeypatch.setattr(loop, "_local_eval", spy)
+    monkeypatch.setattr(local_eval, "evaluate_upload", spy)
     alg, comp = build_algorithm(FedAvgConfig()), build_compressor("none")
     return loop.run(cfg, alg, model, fed, comp, config_hash="h", **kw), evaluated
 

@@ -12,7 +12,8 @@ from torch import nn
 
 from fedcomm.algorithms.core import join_members, split_members
 from fedcomm.evaluation.metrics import evaluate
-from fedcomm.simulation.loop import aggregate_client_metrics, sample_cohort
+from fedcomm.simulation.loop import sample_cohort
+from fedcomm.simulation.round_metrics import aggregate_client_metrics
 
 
 def test_client_metrics_mean_max_min() -> None:
