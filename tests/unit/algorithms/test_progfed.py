@@ -11,7 +11,8 @@ from tests.conftest import digits_federation, tiny_cnn, tiny_params
 
 from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.algorithms.core.local import LocalConfig
-from fedcomm.algorithms.progfed import Config, Phase, cosine_lr, schedule
+from fedcomm.algorithms.progfed import Config
+from fedcomm.algorithms.progfed.schedule import Phase, cosine_lr, schedule
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import ConfigError, Params
 from fedcomm.models import build_model

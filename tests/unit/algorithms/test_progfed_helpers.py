@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from fedcomm.algorithms._progfed_charge import (
+from fedcomm.algorithms.progfed.charge import (
     COUNTER,
     charged_values,
     counter_extra,
     round_charge,
     without_counter,
 )
-from fedcomm.algorithms._progfed_schedule import (
+from fedcomm.algorithms.progfed.schedule import (
     Phase,
     at_round,
     client_lr,

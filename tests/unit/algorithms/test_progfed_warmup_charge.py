@@ -18,7 +18,9 @@ from pydantic import ValidationError
 from tests.conftest import digits_federation, tiny_cnn, tiny_params
 from tests.unit.algorithms.test_progfed import _run
 
-from fedcomm.algorithms.progfed import Config, Phase, charged_values, schedule, warmup_index
+from fedcomm.algorithms.progfed import Config
+from fedcomm.algorithms.progfed.charge import charged_values
+from fedcomm.algorithms.progfed.schedule import Phase, schedule, warmup_index
 from fedcomm.config import Params
 from fedcomm.models import build_model
 from fedcomm.models.progressive import ProgressiveNet

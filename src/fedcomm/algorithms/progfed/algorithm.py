@@ -37,7 +37,7 @@ exactly what a warm-up round sends, ``P_s`` down and ``|E_s| + |G_s|`` up; ``cod
 charges what the official code's counter books, ``c_w = P_{s−1} + w·(|E_s| + |G_s|)`` both
 ways in warm-up round ``w``, which reproduces the paper's costs (77.6% of dense end-to-end for
 ResNet-18/CIFAR-100, W = 25, vs 67.5% sent): the reading, the numbers and why ``sent`` stays
-the default are in :mod:`fedcomm.algorithms._progfed_charge`.
+the default are in :mod:`fedcomm.algorithms.progfed.charge`.
 
 Departures, documented: stage 1 lasts ``T_s`` rounds (the code's loop starts stage 2 one round
 early); the code's CIFAR-10 ConvNet has a 16-way classifier (the paper's 10-way one is used);
@@ -58,20 +58,6 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms import _progfed_charge as charge
-from fedcomm.algorithms import _progfed_schedule as sched
-from fedcomm.algorithms._progfed_charge import charged_values
-from fedcomm.algorithms._progfed_client import ClientState, local_run, momentum_bufs
-from fedcomm.algorithms._progfed_model import (
-    active,
-    as_net,
-    progressive_net,
-    round_stats,
-    stage_sizes,
-    trained,
-    validate_model,
-)
-from fedcomm.algorithms._progfed_schedule import Phase, cosine_lr, schedule, warmup_index
 from fedcomm.algorithms.core import (
     AlgorithmConfig,
     FedAlgorithm,
@@ -89,6 +75,20 @@ from fedcomm.algorithms.core.context import (
     Uplink,
 )
 from fedcomm.algorithms.fedprox import proximal_hook
+from fedcomm.algorithms.progfed import charge
+from fedcomm.algorithms.progfed import schedule as sched
+from fedcomm.algorithms.progfed.charge import charged_values
+from fedcomm.algorithms.progfed.client import ClientState, local_run, momentum_bufs
+from fedcomm.algorithms.progfed.model import (
+    active,
+    as_net,
+    progressive_net,
+    round_stats,
+    stage_sizes,
+    trained,
+    validate_model,
+)
+from fedcomm.algorithms.progfed.schedule import Phase, cosine_lr, schedule, warmup_index
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.progressive import ProgressiveNet

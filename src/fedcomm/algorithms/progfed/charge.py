@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms._progfed_schedule import Phase, warmup_index
+from fedcomm.algorithms.progfed.schedule import Phase, warmup_index
 from fedcomm.comm import bits
 from fedcomm.comm.payload import BitCount, Payload
 
@@ -60,7 +60,7 @@ def charged_values(
     """Values charged per client in each loop round, ``(down, up)`` (:func:`round_charge`).
 
     Args:
-        phases: the loop rounds (:func:`~fedcomm.algorithms._progfed_schedule.schedule`).
+        phases: the loop rounds (:func:`~fedcomm.algorithms.progfed.schedule.schedule`).
         submodel: ``P_1 … P_S``, the sub-models' sizes with their heads.
         new: ``|E_s| + |G_s|`` for ``s = 1 … S`` (what a warm-up round of stage ``s`` trains).
         warmup_charge: ``sent`` or ``code_counter`` (see the module docstring).

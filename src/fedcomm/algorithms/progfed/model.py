@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedcomm.algorithms._progfed_schedule import Phase
+from fedcomm.algorithms.progfed.schedule import Phase
 from fedcomm.models.progressive import ProgressiveNet, is_staged
 from fedcomm.seeding import Stream, torch_generator
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms._progfed_schedule import Phase
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientContext, ClientData
+from fedcomm.algorithms.progfed.schedule import Phase
 from fedcomm.models.progressive import ProgressiveNet
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.types import Params
