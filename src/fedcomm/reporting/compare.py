@@ -2,9 +2,9 @@
 
 Runs are selected by experiment, tags and DVC experiment name (:func:`fedcomm.tracking.query.
 find_runs`), grouped by the value of one tag (the ``run`` key by default) and each group's runs
-are its seeds. Each run's ``rounds``/``ledger``/``clients`` tables are downloaded and summarised
-with :func:`~fedcomm.evaluation.summaries.summarize_run`, so budgets and accuracy targets can be
-chosen at report time; the report itself is the summarize stage's
+are its seeds (:mod:`.run_groups`). Each run's ``rounds``/``ledger``/``clients`` tables are
+downloaded and summarised with :func:`~fedcomm.evaluation.summaries.summarize_run`, so budgets
+and accuracy targets can be chosen at report time; the report itself is the summarize stage's
 (:func:`~fedcomm.reporting.summary.write_report` with
 :func:`~fedcomm.reporting.sections.budget_and_target_sections`) plus a section naming the
 MLflow runs.
@@ -27,15 +27,15 @@ import polars as pl
 
 from fedcomm import atomic
 from fedcomm.config import ConfigError
-from fedcomm.evaluation.round_time import LinkModel
+from fedcomm.evaluation.round_time import DEFAULT_LINK, LinkModel
 from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.reporting.plots import metric_axis
+from fedcomm.reporting.run_groups import select_runs
 from fedcomm.reporting.sections import budget_and_target_sections
 from fedcomm.reporting.summary import write_report
 from fedcomm.tracking.mlflow import resolve_tracking_uri
 from fedcomm.tracking.query import (
     DVC_EXP_TAG,
-    SEED_PARAM,
     TABLES,
     RunRecord,
     download_tables,
@@ -44,8 +44,6 @@ from fedcomm.tracking.query import (
 
 EVAL_SUMMARY = "metrics.json"  # logged by the evaluate stage; its model-size-based parts are used
 _FROM_EVALUATE = ("upload", "comm")  # summary keys that need the dense model's size
-SWEEP_TAGS = ("fedcomm.study", "optuna.trial_number")  # on a sweep trial's training runs
-DEFAULT_LINK = LinkModel()  # FedBIAD's 110.6 Mbit/s down, 14 Mbit/s up (``evaluate.link``)
 
 
 @dataclass(frozen=True)
@@ -77,94 +75,6 @@ def describe_filter(
     wanted = {**tags, **({DVC_EXP_TAG: dvc_exp} if dvc_exp is not None else {})}
     tag_text = ", ".join(f"{k}={v}" for k, v in wanted.items()) or "none"
     return f"experiments: {exps}; tags: {tag_text}; store: {resolve_tracking_uri(uri)}"
-
-
-MAX_SHOWN_DIFFS = 4  # differing params named in a split group's label
-
-
-def group_runs(records: Sequence[RunRecord], group_by: str) -> dict[str, list[RunRecord]]:
-    """``{label: runs}``, groups sorted by label. A group is one value of the ``group_by`` tag
-    *and* one configuration (:attr:`RunRecord.config_key`, everything but the seed): runs that
-    share a tag value but differ in config (``mu`` 0.1 and 0.5 under one run name) are separate
-    groups, labelled ``value [key=v, ...]`` with the params that differ.
-
-    Raises:
-        ConfigError: a run without the ``group_by`` tag (the message names tag and run).
-    """
-    by_value: dict[str, dict[str, list[RunRecord]]] = {}
-    for rec in records:
-        if group_by not in rec.tags:
-            raise ConfigError(
-                f"group_by: MLflow run {rec.run_id} ({rec.run_name}, experiment "
-                f"{rec.experiment!r}) has no tag {group_by!r}"
-            )
-        by_value.setdefault(rec.tags[group_by], {}).setdefault(rec.config_key, []).append(rec)
-    groups: dict[str, list[RunRecord]] = {}
-    for value, configs in by_value.items():
-        if len(configs) == 1:
-            groups[value] = next(iter(configs.values()))
-            continue
-        keys = differing_params([runs[0].params for runs in configs.values()])
-        shown = keys[:MAX_SHOWN_DIFFS]
-        more = f", +{len(keys) - len(shown)} more" if len(keys) > len(shown) else ""
-        for runs in configs.values():
-            p = runs[0].params
-            diff = ", ".join(f"{k}={p.get(k, '-')}" for k in shown)
-            groups[f"{value} [{diff}{more}]"] = runs
-    return dict(sorted(groups.items()))
-
-
-def differing_params(configs: Sequence[Mapping[str, str]]) -> list[str]:
-    """The param keys (seed aside) whose values are not the same in every config, sorted."""
-    keys = sorted({k for c in configs for k in c} - {SEED_PARAM})
-    return [k for k in keys if len({c.get(k) for c in configs}) > 1]
-
-
-def _rerun_key(rec: RunRecord) -> tuple[str, ...]:
-    """Runs with equal keys are re-runs of one configuration: same experiment, run key, seed,
-    DVC experiment and (for sweep runs) study and trial."""
-    if rec.seed is None:
-        return (rec.run_id,)
-    same = (DVC_EXP_TAG, *SWEEP_TAGS)
-    tags = (rec.tags.get(t, "") for t in same)
-    return (rec.experiment, rec.tags["run"], str(rec.seed), rec.config_key, *tags)
-
-
-def drop_reruns(group: str, runs: Sequence[RunRecord]) -> tuple[list[RunRecord], list[str]]:
-    """Keep the newest run of each re-run key; the kept runs sorted by seed, and one note per
-    key that had re-runs."""
-    by_key: dict[tuple[str, ...], list[RunRecord]] = {}
-    for rec in runs:
-        by_key.setdefault(_rerun_key(rec), []).append(rec)
-    kept: list[RunRecord] = []
-    notes: list[str] = []
-    for same in by_key.values():
-        newest, *older = sorted(same, key=lambda r: (r.start_time_ms, r.run_id), reverse=True)
-        kept.append(newest)
-        if older:
-            dropped = ", ".join(r.run_id for r in older)
-            notes.append(
-                f"`{group}` seed {newest.seed}: re-run; kept the newest MLflow run "
-                f"{newest.run_id}, left out {dropped}"
-            )
-    kept.sort(key=lambda r: (r.seed if r.seed is not None else -1, r.start_time_ms))
-    return kept, notes
-
-
-def _mixed_seeds_note(group: str, runs: Sequence[RunRecord]) -> list[str]:
-    """A note when a group holds several runs of one seed after re-runs were dropped: they come
-    from different DVC experiments, sweep trials or MLflow experiments, so the mean mixes
-    configurations."""
-    seeds = [r.seed for r in runs]
-    repeated = sorted({s for s in seeds if s is not None and seeds.count(s) > 1})
-    if not repeated:
-        return []
-    dvc = sorted({r.tags.get(DVC_EXP_TAG) or "(workspace)" for r in runs})
-    return [
-        f"`{group}` has several runs of seed(s) {', '.join(map(str, repeated))} (DVC experiments: "
-        f"{', '.join(dvc)}; or sweep trials / MLflow experiments): its mean mixes configurations. "
-        "Narrow the selection by DVC experiment, tags or experiment."
-    ]
 
 
 def _evaluate_parts(path: Path | None) -> dict[str, Any]:
@@ -307,19 +217,6 @@ def runs_frame(runs: Sequence[LoadedRun]) -> pl.DataFrame:
             }
         )
     return pl.DataFrame(rows, schema=RUNS_SCHEMA)
-
-
-def select_runs(
-    records: Sequence[RunRecord], group_by: str
-) -> tuple[list[tuple[str, RunRecord]], list[str]]:
-    """Group, drop re-runs; ``([(group, run)], notes)`` in group then seed order."""
-    chosen: list[tuple[str, RunRecord]] = []
-    notes: list[str] = []
-    for group, runs in group_runs(records, group_by).items():
-        kept, dropped = drop_reruns(group, runs)
-        chosen += [(group, rec) for rec in kept]
-        notes += dropped + _mixed_seeds_note(group, kept)
-    return chosen, notes
 
 
 def compare_runs(
