@@ -30,7 +30,7 @@ ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params YAML fil
 def user_errors() -> Iterator[None]:
     """Bad input (params, damaged or missing files, impossible partitions) or a diverged run ->
     one clear message on stderr and exit status 2, instead of a traceback. Bugs still raise."""
-    from fedcomm.simulation.loop import DivergenceError
+    from fedcomm.simulation.divergence import DivergenceError
 
     try:
         yield
