@@ -1,4 +1,4 @@
-"""The sub-model family's composable pieces (algorithms/_submodel*.py): each selection rule's
+"""The sub-model family's composable pieces (algorithms/submodel/): each selection rule's
 contract (exact keep counts, determinism from its generator, what it ranks first), the codec's
 round trip and bits, each aggregation on a hand-sized example, and the composition's server step
 applied only where some client held the entry."""
