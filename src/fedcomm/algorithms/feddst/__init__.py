@@ -1,23 +1,13 @@
-"""FedDST: federated dynamic sparse training with per-layer magnitude prune / gradient regrow.
+"""FedDST (Bibikar et al.): federated dynamic sparse training, per-layer prune and regrow.
 
-The paper's algorithm box is :mod:`.algorithm`; its helpers are the sibling modules. This
-package re-exports the algorithm's public names, and importing it registers the algorithm.
+:mod:`.algorithm` is the paper's round (config, masked jobs, sparse weighted average); it composes
+:mod:`.client` (the masked job, where a client readjusts, its upload), :mod:`.readjust` (Eq. 2's
+annealed ratio, magnitude prune, gradient regrow) and :mod:`.comm` (the messages and their cost).
+GraSP and RandomMask build on :func:`make`. Importing the package registers ``feddst``.
 """
 
 from __future__ import annotations
 
-from fedcomm.algorithms.feddst.algorithm import (
-    ClientState,
-    Config,
-    ServerState,
-    build,
-    make,
-)
+from fedcomm.algorithms.feddst.algorithm import ClientState, Config, ServerState, build, make
 
-__all__ = [
-    "ClientState",
-    "Config",
-    "ServerState",
-    "build",
-    "make",
-]
+__all__ = ["ClientState", "Config", "ServerState", "build", "make"]

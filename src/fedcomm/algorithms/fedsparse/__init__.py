@@ -1,21 +1,14 @@
-"""FedSparse: federated spike-and-slab sparsity over groups, trained by hard EM.
+"""FedSparse (Louizos et al.): federated spike-and-slab sparsity over groups, by hard EM.
 
-The paper's algorithm box is :mod:`.algorithm`; its helpers are the sibling modules. This
-package re-exports the algorithm's public names, and importing it registers the algorithm.
+:mod:`.algorithm` is the paper's Algorithms 1-2 (config, server step, client round); it composes
+:mod:`.gates` (θ, π and the hard-concrete relaxation), :mod:`.penalties` (the objective's L0,
+prior and drift terms), :mod:`.local` (the local step as a job), :mod:`.server` (pruning and the
+M-step's metrics) and :mod:`.messages` (what goes down and up, and its bits). Importing the
+package registers ``fedsparse``.
 """
 
 from __future__ import annotations
 
-from fedcomm.algorithms.fedsparse.algorithm import (
-    Config,
-    ServerState,
-    build,
-    make,
-)
+from fedcomm.algorithms.fedsparse.algorithm import Config, ServerState, build, make
 
-__all__ = [
-    "Config",
-    "ServerState",
-    "build",
-    "make",
-]
+__all__ = ["Config", "ServerState", "build", "make"]

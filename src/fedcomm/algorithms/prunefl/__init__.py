@@ -1,23 +1,14 @@
-"""PruneFL: adaptive unstructured pruning, first on one client, then federated.
+"""PruneFL (Jiang et al.): adaptive unstructured pruning, first on one client, then federated.
 
-The paper's algorithm box is :mod:`.algorithm`; its helpers are the sibling modules. This
-package re-exports the algorithm's public names, and importing it registers the algorithm.
+:mod:`.algorithm` is the paper's two phases (config, phase one, the federated rounds); it composes
+:mod:`.client` (messages and masked local training), :mod:`.readjust` (which entries stay, when,
+and with what ``p``) and :mod:`.times` (maskable layers and the per-entry times the readjustment
+weighs). Importing the package registers ``prunefl``.
 """
 
 from __future__ import annotations
 
-from fedcomm.algorithms.prunefl.algorithm import (
-    Config,
-    ServerState,
-    build,
-    make,
-)
+from fedcomm.algorithms.prunefl.algorithm import Config, ServerState, build, make
 from fedcomm.algorithms.prunefl.client import ClientState
 
-__all__ = [
-    "ClientState",
-    "Config",
-    "ServerState",
-    "build",
-    "make",
-]
+__all__ = ["ClientState", "Config", "ServerState", "build", "make"]
