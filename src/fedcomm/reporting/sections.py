@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from fedcomm.evaluation.summaries import aggregate_seeds
+from fedcomm.evaluation.seeds import aggregate_seeds
 from fedcomm.reporting.verdict import Paired, shown_decimals, t_text
 
 
