@@ -40,12 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcomm.algorithms.core import (
-    FedAlgorithm,
-    RoundContext,
-    Uplink,
-    split_members,
-)
+from fedcomm.algorithms.core import FedAlgorithm, RoundContext, Uplink, split_members
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
