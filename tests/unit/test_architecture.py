@@ -8,11 +8,15 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 
 0. foundation: ``types errors atomic paths seeding sparse_io`` and the package root;
 1. building blocks: ``comm models data server_opt run_files system``;
-2. ``algorithms`` (inside it, the contract and its shared pieces -- ``base`` and every
-   ``_private`` module -- never import an algorithm: algorithms compose them, not the reverse);
+2. ``algorithms`` (inside it, the shared pieces -- ``core``, the contract and its machinery, and
+   ``submodel``, the sub-model family's rule -- never import an algorithm or a paper's package:
+   algorithms compose them, not the reverse; ``core`` does not import ``submodel``; outside a
+   paper's package, code uses the package, not its helpers; and the top of ``algorithms/`` lists
+   the algorithms: every entry but ``core`` and ``submodel`` registers one);
 3. ``evaluation``;  4. ``simulation`` (the round loop);  5. ``config`` (the params schema);
-6. ``tracking`` (the only mlflow user);  7. ``reporting``;  8. ``experiment`` (the stages);
-9. ``summarize sweep``;  10. ``cli``.
+6. ``tracking`` (the only mlflow user);  7. ``reporting``;  8. ``stages`` (one module per DVC
+   stage: ``tests/unit/test_stages_layout.py`` checks the order inside it);
+9. ``sweep``;  10. ``cli``.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "config",
         "tracking",
         "reporting",
-        "experiment",
-        "summarize sweep",
+        "stages",
+        "sweep",
         "cli",
     )
 )
@@ -137,25 +141,44 @@ def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
     )
 
 
-def is_algorithm(module: str) -> bool:
-    """A registered algorithm's module: ``fedcomm.algorithms.<name>`` not private, not base."""
+SHARED = frozenset({"core", "submodel"})  # the pieces of algorithms/ that algorithms compose
+
+
+def piece(module: str) -> str | None:
+    """The entry of ``algorithms/`` a module belongs to: ``""`` for the package itself, ``core``,
+    ``submodel``, or an algorithm's module or paper's package; None outside ``algorithms``."""
     parts = module.split(".")
-    return (
-        len(parts) == 3
-        and parts[1] == "algorithms"
-        and not parts[2].startswith("_")
-        and parts[2] != "base"
-    )
+    if parts[:2] != ["fedcomm", "algorithms"]:
+        return None
+    return parts[2] if len(parts) > 2 else ""
 
 
-def infrastructure_importing_algorithms(graph: Mapping[str, set[str]]) -> list[str]:
-    """Shared algorithm pieces (``base``, ``_private`` modules) that import an algorithm."""
+def shared_pieces_importing_algorithms(graph: Mapping[str, set[str]]) -> list[str]:
+    """Shared pieces (``core``, ``submodel``) that import an algorithm, a paper's package or the
+    ``algorithms`` package itself (which imports every algorithm), and ``core`` importing
+    ``submodel`` (the family builds on the contract, not the reverse)."""
+    found = []
+    for a, deps in graph.items():
+        pa = piece(a)
+        if pa not in SHARED:
+            continue
+        for b in deps:
+            pb = piece(b)
+            if pb is None:
+                continue
+            if pb not in SHARED or (pa == "core" and pb == "submodel"):
+                found.append(f"{a} imports {b}")
+    return sorted(found)
+
+
+def helpers_imported_from_outside(graph: Mapping[str, set[str]]) -> list[str]:
+    """A paper's package is used through its ``__init__``: a module outside the package that
+    imports one of its helpers (``fedcomm.algorithms.fedbiad.rows``) reaches past it."""
     return sorted(
-        f"{a} imports the algorithm {b}"
+        f"{a} imports {b}"
         for a, deps in graph.items()
-        if a.startswith("fedcomm.algorithms.") and not is_algorithm(a)
         for b in deps
-        if is_algorithm(b)
+        if len(b.split(".")) > 3 and piece(b) not in (None, *SHARED) and piece(a) != piece(b)
     )
 
 
@@ -165,8 +188,9 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_graph_is_read(graph: dict[str, set[str]]) -> None:
-    assert "fedcomm.algorithms.base" in graph["fedcomm.algorithms.fedavg"]
-    assert "fedcomm.simulation.loop" in graph["fedcomm.experiment"]
+    assert "fedcomm.algorithms.core" in graph["fedcomm.algorithms.fedavg"]
+    assert "fedcomm.algorithms.fedbiad.rows" in graph["fedcomm.algorithms.fedbiad.algorithm"]
+    assert "fedcomm.simulation.loop" in graph["fedcomm.stages.train"]
 
 
 def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
@@ -183,7 +207,29 @@ def test_no_lower_layer_imports_a_higher_one(graph: dict[str, set[str]]) -> None
 
 
 def test_shared_algorithm_pieces_import_no_algorithm(graph: dict[str, set[str]]) -> None:
-    assert infrastructure_importing_algorithms(graph) == []
+    assert shared_pieces_importing_algorithms(graph) == []
+
+
+def test_a_papers_helpers_stay_inside_its_package(graph: dict[str, set[str]]) -> None:
+    assert helpers_imported_from_outside(graph) == []
+
+
+def test_the_top_of_algorithms_lists_the_algorithms() -> None:
+    """Every entry at the top of ``algorithms/`` other than the shared pieces registers an
+    algorithm (a single file, or a package for a paper that needs several); no private helper
+    module is left at the top (a multi-file algorithm is a package)."""
+    from fedcomm.algorithms import ALGORITHMS
+
+    top = SRC / "fedcomm" / "algorithms"
+    entries = sorted(
+        p.stem
+        for p in top.iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()
+    )
+    registering = {builder.__module__.split(".")[2] for builder in ALGORITHMS.values()}
+    assert [e for e in entries if e not in SHARED and e not in registering] == []
+    assert set(entries) >= SHARED
+    assert len(entries) <= 20, entries
 
 
 # --- the checks themselves fail where they should ----------------------------------------------
@@ -218,8 +264,13 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
             "__init__.py": "",
             "types.py": "",
             "algorithms/__init__.py": "",
-            "algorithms/base.py": "import fedcomm.types\nfrom fedcomm.algorithms import fedx\n",
-            "algorithms/fedx.py": "from ..simulation.loop import run\n",
+            "algorithms/core/__init__.py": "",
+            "algorithms/core/contract.py": (
+                "import fedcomm.types\nfrom fedcomm.algorithms import fedx\n"
+            ),
+            "algorithms/fedx.py": "from ..simulation.loop import run\nfrom .pap import rows\n",
+            "algorithms/pap/__init__.py": "from .rows import f\n",
+            "algorithms/pap/rows.py": "from ... import types\n",
             "simulation/__init__.py": "",
             "simulation/loop.py": "from fedcomm import types\n",
         },
@@ -228,6 +279,9 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
     assert upward_imports(graph) == [
         "fedcomm.algorithms.fedx (layer 2) imports fedcomm.simulation.loop (layer 4)"
     ]
-    assert infrastructure_importing_algorithms(graph) == [
-        "fedcomm.algorithms.base imports the algorithm fedcomm.algorithms.fedx"
+    assert shared_pieces_importing_algorithms(graph) == [
+        "fedcomm.algorithms.core.contract imports fedcomm.algorithms.fedx"
+    ]
+    assert helpers_imported_from_outside(graph) == [
+        "fedcomm.algorithms.fedx imports fedcomm.algorithms.pap.rows"
     ]
