@@ -34,6 +34,21 @@ class Transform:
     init: Callable[[Mapping[str, Tensor]], OptState]
     update: Callable[[Mapping[str, Tensor], OptState], tuple[Params, OptState]]
 
+    def apply(
+        self,
+        params: Mapping[str, Tensor],
+        direction: Mapping[str, Tensor],
+        state: OptState,
+        held: Mapping[str, Tensor] | None = None,
+    ) -> tuple[Params, OptState]:
+        """One server step ``w ← w + update(Δ)`` on the ascent ``direction``: the new parameters
+        and the new state. ``held`` (bool, each shaped like its parameter): an entry no client
+        held keeps its value (the state still advances there)."""
+        step, state = self.update(direction, state)
+        if held is not None:
+            step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}
+        return apply_step(params, step), state
+
 
 def scale(lr: float) -> Transform:
     """Multiply the direction by ``lr``."""
@@ -163,6 +178,12 @@ class ServerOptConfig(BaseModel):
         if self.optimizer == "adam":
             return adam(self.lr, self.beta1, self.beta2, self.eps, self.bias_correction)
         return adamax(self.lr, self.beta1, self.beta2, self.eps)
+
+
+def adam_server() -> ServerOptConfig:
+    """Adam at lr 1e-3: the server optimizer Louizos et al. use for every method (the default of
+    FedSparse, FedL1, the Laplace and MoG priors' gradient rules) and FedDrop's default."""
+    return ServerOptConfig(optimizer="adam", lr=1e-3)
 
 
 def apply_step(params: Mapping[str, Tensor], step: Mapping[str, Tensor]) -> Params:

@@ -246,3 +246,27 @@ def _assert_tree_equal(a: object, b: object) -> None:
             _assert_tree_equal(u, v)
     else:
         assert a == b
+
+
+def test_apply_is_update_then_apply_step_and_held_masks_the_step() -> None:
+    """``Transform.apply`` (the server step every algorithm takes) is ``update`` followed by
+    :func:`apply_step`, to the bit; with ``held`` an entry nobody held keeps its value while the
+    optimizer's state still advances there."""
+    t = ServerOptConfig(optimizer="adam", lr=0.1).build()
+    params, state = _params(), t.init(_params())
+    ref_params, ref_state = _params(), t.init(_params())
+    for delta in _deltas():
+        params, state = t.apply(params, delta, state)
+        step, ref_state = t.update(delta, ref_state)
+        ref_params = apply_step(ref_params, step)
+    _assert_tree_equal(params, ref_params)
+    _assert_tree_equal(state, ref_state)
+
+    held = {"w": torch.zeros(3, 4, dtype=torch.bool), "b": torch.ones(4, dtype=torch.bool)}
+    held["w"][0] = True
+    new, new_state = t.apply(params, _deltas()[0], state, held)
+    step, ref_state = t.update(_deltas()[0], state)
+    assert torch.equal(new["w"][1:], params["w"][1:])  # not held: unchanged
+    assert torch.equal(new["w"][0], params["w"][0] + step["w"][0])
+    assert torch.equal(new["b"], params["b"] + step["b"])
+    _assert_tree_equal(new_state, ref_state)

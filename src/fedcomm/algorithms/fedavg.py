@@ -43,7 +43,7 @@ from fedcomm.algorithms.core.context import (
 from fedcomm.algorithms.core.reuse import Reused
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
-from fedcomm.server_opt import OptState, Transform, apply_step
+from fedcomm.server_opt import OptState, Transform
 from fedcomm.types import Params
 
 
@@ -118,8 +118,7 @@ def make(
     ) -> ServerState:
         mean = sender_mean if average == "senders" else weighted_mean
         delta = mean([u.tensors for u in uplinks], client_weights(uplinks, weighting))
-        step, opt_state = opt.update(delta, state.opt_state)
-        return ServerState(apply_step(state.params, step), opt_state)
+        return ServerState(*opt.apply(state.params, delta, state.opt_state))
 
     return job_algorithm(
         cfg,

@@ -25,7 +25,6 @@ Communication is FedAvg's: the dense model down, the dense delta ``Δ_s = w_s �
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -54,7 +53,7 @@ from fedcomm.algorithms.core.context import (
 )
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
-from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
+from fedcomm.server_opt import ServerOptConfig, adam_server, apply_step
 from fedcomm.types import Params
 
 
@@ -63,7 +62,7 @@ class Config(AlgorithmConfig):
     lam: float = Field(1e-3, ge=0, description="Laplace prior rate λ (0: FedAvg's local step)")
     server_rule: Literal["median", "gradient"] = "median"
     server: ServerOptConfig = Field(
-        default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3),
+        default_factory=adam_server,
         description="server optimizer of the gradient rule (unused by median)",
     )
     weighting: Literal["num_examples", "uniform"] = Field(
@@ -71,10 +70,7 @@ class Config(AlgorithmConfig):
     )
 
 
-@dataclass(frozen=True)
-class ServerState:
-    params: Params
-    opt_state: OptState  # () for the median rule
+ServerState = fedavg.ServerState  # FedAvg's: w and the server optimizer's state (() for median)
 
 
 def soft_threshold(d: Tensor, tau: float) -> Tensor:
@@ -164,8 +160,7 @@ def build(cfg: Config) -> FedAlgorithm:
             mid = {k: median([d[k] for d in deltas]) for k in state.params}
             return ServerState(apply_step(state.params, mid), ())
         direction = sign_direction(deltas, client_weights(uplinks, cfg.weighting), cfg.lam)
-        step, opt_state = opt.update(direction, state.opt_state)
-        return ServerState(apply_step(state.params, step), opt_state)
+        return ServerState(*opt.apply(state.params, direction, state.opt_state))
 
     return job_algorithm(
         cfg,

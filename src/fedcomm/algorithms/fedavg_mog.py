@@ -56,7 +56,7 @@ from fedcomm.algorithms.core.context import (
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
+from fedcomm.server_opt import OptState, ServerOptConfig, adam_server
 from fedcomm.types import Params
 
 MIN_MASS = 1e-8  # Σ_s r_sk below this: member k had no client this round and keeps its value
@@ -68,7 +68,7 @@ class Config(AlgorithmConfig):
     lam: float = Field(1.0, gt=0, description="precision λ of every mixture component")
     server_rule: Literal["m_step", "adam"] = "m_step"
     server: ServerOptConfig = Field(
-        default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3),
+        default_factory=adam_server,
         description="server optimizer of the adam rule (unused by m_step)",
     )
     init_noise: float = Field(0.01, ge=0, description="std of the members' initial noise")
@@ -234,8 +234,8 @@ def build(cfg: Config) -> FedAlgorithm:
         if not adam_rule:
             return ServerState(m_step(state.members, models, r), (), entropy, mass)
         direction = join_members(ascent_direction(state.members, models, r))
-        step, opt_state = opt.update(direction, state.opt_state)
-        members = split_members(apply_step(join_members(state.members), step))
+        joined, opt_state = opt.apply(join_members(state.members), direction, state.opt_state)
+        members = split_members(joined)
         return ServerState(tuple(members), opt_state, entropy, mass)
 
     def server_metrics(state: ServerState) -> dict[str, float]:

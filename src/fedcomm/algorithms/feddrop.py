@@ -44,14 +44,12 @@ from fedcomm.algorithms.submodel.units import select
 from fedcomm.algorithms.submodel.units import unit_layers as unit_layers
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.server_opt import ServerOptConfig
+from fedcomm.server_opt import ServerOptConfig, adam_server
 
 
 class Config(AlgorithmConfig):
     name: Literal["feddrop"] = "feddrop"
-    server: ServerOptConfig = Field(
-        default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3)
-    )
+    server: ServerOptConfig = Field(default_factory=adam_server)
     conv_rate: float = Field(0.1, ge=0, lt=1, description="fraction of conv filters dropped")
     fc_rate: float = Field(0.5, ge=0, lt=1, description="fraction of hidden FC units dropped")
     drop_output: bool = False

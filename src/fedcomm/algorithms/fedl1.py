@@ -46,15 +46,13 @@ from fedcomm.algorithms.core.context import (
 from fedcomm.algorithms.core.grouped import decode_groups, encode_groups
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec, apply_mask, group_norms, groups
-from fedcomm.server_opt import OptState, ServerOptConfig, apply_step
+from fedcomm.server_opt import OptState, ServerOptConfig, adam_server
 from fedcomm.types import Params
 
 
 class Config(AlgorithmConfig):
     name: Literal["fedl1"] = "fedl1"
-    server: ServerOptConfig = Field(
-        default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3)
-    )
+    server: ServerOptConfig = Field(default_factory=adam_server)
     threshold: float = Field(2e-3, ge=0, description="λ: group-L1 coefficient and hard threshold")
     prune_output: bool = True
     weighting: Literal["uniform", "num_examples"] = "uniform"  # the paper: mean(ŵ_s − w)
@@ -159,8 +157,7 @@ def build(cfg: Config) -> FedAlgorithm:
         ups = [decode(u.tensors, state.params, state.specs) for u in uplinks]
         deltas = [subtract(up, state.params) for up in ups]
         delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
-        step, opt_state = opt.update(delta, state.opt_state)
-        return ServerState(apply_step(state.params, step), opt_state, state.specs)
+        return ServerState(*opt.apply(state.params, delta, state.opt_state), state.specs)
 
     return job_algorithm(
         cfg,

@@ -46,14 +46,8 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms.core import (
-    AlgorithmConfig,
-    FedAlgorithm,
-    client_weights,
-    clone_params,
-    job_algorithm,
-    register,
-)
+from fedcomm.algorithms import core
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import (
@@ -100,7 +94,7 @@ from fedcomm.algorithms.fedbiad.server import (
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
-from fedcomm.server_opt import OptState, apply_step
+from fedcomm.server_opt import OptState
 from fedcomm.types import Params
 
 
@@ -229,7 +223,7 @@ def make(cfg: Config) -> FedAlgorithm:
 
     def init_server(params: Params, ctx: RoundContext) -> ServerState:
         specs = row_specs(ctx.model, cfg.drop_output_layer, cfg.lstm_rows, cfg.drop_embedding)
-        return ServerState(clone_params(params), opt.init(params), specs)
+        return ServerState(core.clone_params(params), opt.init(params), specs)
 
     def program_for(model: nn.Module, freeze: bool) -> _jobs.LocalProgram:  # one per structure
         hit = programs.get((id(model), freeze))
@@ -283,14 +277,14 @@ def make(cfg: Config) -> FedAlgorithm:
         state: ServerState, uplinks: Sequence[Uplink], ctx: RoundContext
     ) -> ServerState:  # Algorithm 1, line 7
         holders = cfg.next_columns == "holders"
-        weights = client_weights(uplinks, cfg.weighting)
+        weights = core.client_weights(uplinks, cfg.weighting)
         got = (reconstruct(u, state.params, state.specs, ctx.model, holders) for u in uplinks)
         delta, held = aggregate(state.params, got, weights, cfg.aggregation)  # Eq. 10, streamed
-        step, opt_state = opt.update(delta, state.opt_state)
-        step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}  # nobody kept: U_{r−1}
-        return ServerState(apply_step(state.params, step), opt_state, state.specs)
+        # a row nobody kept stays U_{r−1}
+        params, opt_state = opt.apply(state.params, delta, state.opt_state, held)
+        return ServerState(params, opt_state, state.specs)
 
-    return job_algorithm(
+    return core.job_algorithm(
         cfg,
         init_server=init_server,
         broadcast=download,
@@ -303,6 +297,6 @@ def make(cfg: Config) -> FedAlgorithm:
     )
 
 
-@register(Config)
+@core.register(Config)
 def build(cfg: Config) -> FedAlgorithm:
     return make(cfg)

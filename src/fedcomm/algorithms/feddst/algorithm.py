@@ -54,7 +54,8 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms.core import FedAlgorithm, client_weights, job_algorithm, register
+from fedcomm.algorithms import core
+from fedcomm.algorithms.core import FedAlgorithm
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.context import (
@@ -191,7 +192,7 @@ def aggregate(
     """Sparse weighted average of the clients' ``θ_k ⊙ m_k`` over the union of their masks
     (Eq. 3), magnitude-pruned back to ``k_l(S)``; ``θ ← θ ⊙ m``."""
     decoded = [_masks.decode(u.tensors) for u in uplinks]
-    weights = client_weights(uplinks, weighting)
+    weights = core.client_weights(uplinks, weighting)
     values, votes = [p for p, _ in decoded], [m for _, m in decoded]
     avg, union = _masks.masked_average(values, votes, weights)  # Eq. 3
     masks = _masks.prune_to_budgets(avg, union, state.budgets)  # the union back to k_l(S)
@@ -247,7 +248,7 @@ def make(
         due = adjust is not None and adjust.due(ctx.round_)
         return aggregate(state, uplinks, cfg.weighting, due)
 
-    return job_algorithm(
+    return core.job_algorithm(
         cfg,
         init_server=init_server,
         broadcast=broadcast,
@@ -262,7 +263,7 @@ def make(
     )
 
 
-@register(Config)
+@core.register(Config)
 def build(cfg: Config) -> FedAlgorithm:
     adjust = Readjustment(
         alpha=cfg.alpha,

@@ -47,14 +47,8 @@ import torch
 from pydantic import ConfigDict, Field
 from torch import Tensor
 
-from fedcomm.algorithms.core import (
-    AlgorithmConfig,
-    FedAlgorithm,
-    client_weights,
-    clone_params,
-    job_algorithm,
-    register,
-)
+from fedcomm.algorithms import core
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import (
@@ -91,7 +85,7 @@ from fedcomm.algorithms.fedsparse.server import (
 )
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
-from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adamax, apply_step
+from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adam_server, adamax
 from fedcomm.types import Params
 
 
@@ -130,9 +124,7 @@ class Config(AlgorithmConfig):
         "function) or weights (always W ⊙ z, the equations' literal form)",
     )
     weighting: Literal["uniform", "num_examples"] = "uniform"
-    server: ServerOptConfig = Field(
-        default_factory=lambda: ServerOptConfig(optimizer="adam", lr=1e-3)
-    )
+    server: ServerOptConfig = Field(default_factory=adam_server)
 
 
 @dataclass(frozen=True)
@@ -169,7 +161,7 @@ def initial_state(
     v = initial_v(params, specs, cfg.T, cfg.init_theta)
     dev = next(iter(params.values())).device
     alive = {s.name: torch.ones(s.count, dtype=torch.bool, device=dev) for s in specs}
-    w = clone_params(params)
+    w = core.clone_params(params)
     return ServerState(w, v, alive, w_opt.init(w), v_opt.init(v), specs)
 
 
@@ -178,14 +170,13 @@ def server_step(
 ) -> ServerState:
     """One M-step: ``w ← Adam(g_w)``, ``v ← Adamax(g_v)``, then prune ``θ ≤ ε``. Algorithm 1"""
     dev = next(iter(state.params.values())).device
-    weights = torch.tensor(client_weights(uplinks, cfg.weighting), device=dev)
+    weights = torch.tensor(core.client_weights(uplinks, cfg.weighting), device=dev)
     weights = weights / weights.sum()  # p_s
     theta = gate_probs(state.params, state.v, state.specs, cfg.T)  # lines 3-4
     uploads = [u.tensors for u in uplinks]
     zs = uploaded_gates(uploads, state.alive, state.specs)  # line 8
     g_w = weight_gradient(state.params, uploads, zs, weights, state.specs)  # line 9
-    step, w_opt_state = w_opt.update(g_w, state.w_opt)  # line 12
-    params = apply_step(state.params, step)
+    params, w_opt_state = w_opt.apply(state.params, g_w, state.w_opt)  # line 12
     g_v = {  # line 10
         s.name: v_gradient([z[s.name] for z in zs], theta[s.name], state.v[s.name], cfg.T, weights)
         * state.alive[s.name]
@@ -299,7 +290,7 @@ def make(cfg: Config) -> FedAlgorithm:
             program, start, data, ctx.local, batches, finish, frozen=frozen, draws=draws
         )
 
-    return job_algorithm(
+    return core.job_algorithm(
         cfg,
         init_server=init_server,
         broadcast=broadcast,
@@ -309,6 +300,6 @@ def make(cfg: Config) -> FedAlgorithm:
     )
 
 
-@register(Config)
+@core.register(Config)
 def build(cfg: Config) -> FedAlgorithm:
     return make(cfg)

@@ -58,15 +58,8 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
-from fedcomm.algorithms.core import (
-    AlgorithmConfig,
-    FedAlgorithm,
-    client_weights,
-    clone_params,
-    no_client_state,
-    register,
-    weighted_mean,
-)
+from fedcomm.algorithms import core
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm
 from fedcomm.algorithms.core.context import (
     ClientContext,
     ClientData,
@@ -92,7 +85,7 @@ from fedcomm.algorithms.progfed.schedule import Phase, cosine_lr, schedule, warm
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.progressive import ProgressiveNet
-from fedcomm.server_opt import OptState, apply_step
+from fedcomm.server_opt import OptState
 from fedcomm.types import Params
 
 # the schedule and the charge live in helper modules; the names the tests use are re-exported
@@ -176,7 +169,7 @@ def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Para
     return {k: down[k] + up[k] if k in up else down[k] for k in charge.without_counter(down)}
 
 
-@register(Config)
+@core.register(Config)
 def build(cfg: Config) -> FedAlgorithm:
     opt = cfg.server.build()
     # T, resolved from train.rounds by with_rounds (Params.algorithm); a config built without
@@ -207,9 +200,9 @@ def build(cfg: Config) -> FedAlgorithm:
         ph = phase(1)
         sub = {k: params[k] for k in trained(net, ph)}
         subs = tuple(tuple(net.submodel_params(s)) for s in range(1, cfg.stages + 1))
-        init = clone_params(params) if cfg.grow_from == "init" else {}
+        init = core.clone_params(params) if cfg.grow_from == "init" else {}
         stats = round_stats(net, ph, factor(ph))
-        return ServerState(clone_params(params), opt.init(sub), subs, 0, stats, init)
+        return ServerState(core.clone_params(params), opt.init(sub), subs, 0, stats, init)
 
     def broadcast(state: ServerState, cid: int, cstate: object, ctx: RoundContext) -> Payload:
         """Send ``x_t^s``, the active sub-model ``M^s`` (Algorithm 1, line 15)."""
@@ -260,13 +253,12 @@ def build(cfg: Config) -> FedAlgorithm:
         net = as_net(ctx.model)
         ph, nxt = phase(ctx.round_), phase(ctx.round_ + 1)
         keys = trained(net, ph)
-        delta = weighted_mean(
-            [u.tensors for u in uplinks], client_weights(uplinks, cfg.weighting), keys
+        delta = core.weighted_mean(
+            [u.tensors for u in uplinks], core.client_weights(uplinks, cfg.weighting), keys
         )
-        step, opt_state = opt.update(delta, state.opt_state)
-        params = apply_step(state.params, step)
+        params, opt_state = opt.apply(state.params, delta, state.opt_state)
         if nxt.stage != ph.stage and cfg.grow_from == "init":  # ablation: forget the stage
-            params = clone_params(state.init)
+            params = core.clone_params(state.init)
         if (nxt.stage, nxt.warmup) != (ph.stage, ph.warmup):  # growth or end of warm-up
             opt_state = opt.init({k: params[k] for k in trained(net, nxt)})
         stats = round_stats(net, ph, factor(ph))
@@ -281,7 +273,7 @@ def build(cfg: Config) -> FedAlgorithm:
         name=cfg.name,
         config=cfg,
         init_server=init_server,
-        init_client=no_client_state,
+        init_client=core.no_client_state,
         broadcast=broadcast,
         client_update=client_update,
         server_update=server_update,

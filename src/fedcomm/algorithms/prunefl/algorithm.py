@@ -44,14 +44,8 @@ import torch
 from pydantic import Field, PositiveFloat
 from torch import Tensor
 
-from fedcomm.algorithms.core import (
-    AlgorithmConfig,
-    FedAlgorithm,
-    client_weights,
-    clone_params,
-    register,
-    weighted_mean,
-)
+from fedcomm.algorithms import core
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.context import (
     ClientContext,
@@ -79,7 +73,7 @@ from fedcomm.algorithms.prunefl.client import (
 from fedcomm.algorithms.prunefl.readjust import is_readjust, prune_fraction, readjust
 from fedcomm.algorithms.prunefl.times import entry_times, maskable, validate_model
 from fedcomm.comm.payload import Dense, Mask, Payload
-from fedcomm.server_opt import OptState, Transform, apply_step
+from fedcomm.server_opt import OptState, Transform
 from fedcomm.types import Params
 
 masked = _masks.apply_masks  # parameters with every maskable entry outside its mask set to 0
@@ -212,9 +206,9 @@ def server_update(
     """``w ← m ⊙ (w + server_opt(Σ_k n_k Δ_k / Σ_k n_k))``; in a readjustment round, then
     :func:`readjust_mask`."""
     deltas = [unpack(u.tensors, state.params, state.masks) for u in uplinks]
-    delta = weighted_mean(deltas, client_weights(uplinks, cfg.weighting))
-    step, opt_state = opt.update(delta, state.opt_state)
-    params = masked(apply_step(state.params, step), state.masks)
+    delta = core.weighted_mean(deltas, core.client_weights(uplinks, cfg.weighting))
+    params, opt_state = opt.apply(state.params, delta, state.opt_state)
+    params = masked(params, state.masks)
     state = replace(state, params=params, opt_state=opt_state, churn=None, p=None)
     if not is_readjust(ctx.round_, cfg.first_readjust, cfg.readjust_every):
         return state
@@ -265,7 +259,7 @@ def make(cfg: Config) -> FedAlgorithm:
             raise ValueError("prunefl needs the model structure in the round context")
         masks = {n: torch.ones_like(params[n], dtype=torch.bool) for n in maskable(ctx.model)}
         times = None if cfg.layer_time == "flops" else entry_times(ctx.model, cfg.layer_time, None)
-        return ServerState(clone_params(params), opt.init(params), masks, times)
+        return ServerState(core.clone_params(params), opt.init(params), masks, times)
 
     def broadcast(
         state: ServerState, client_id: int, cstate: ClientState, ctx: RoundContext
@@ -295,6 +289,6 @@ def make(cfg: Config) -> FedAlgorithm:
     )
 
 
-@register(Config)
+@core.register(Config)
 def build(cfg: Config) -> FedAlgorithm:
     return make(cfg)

@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from fedcomm.algorithms import core
@@ -48,7 +47,7 @@ from fedcomm.algorithms.submodel.merge import Aggregation
 from fedcomm.algorithms.submodel.units import unit_layers
 from fedcomm.comm.payload import Entry, Payload
 from fedcomm.models.groups import GroupSpec
-from fedcomm.server_opt import OptState, apply_step
+from fedcomm.server_opt import OptState
 from fedcomm.types import Params
 
 
@@ -199,9 +198,8 @@ def algorithm(
         masks = [keep_masks(u.tensors) for u in uplinks]
         weights = core.client_weights(uplinks, weighting)
         delta, held = aggregation(deltas, masks, weights, state)
-        step, opt_state = opt.update(delta, state.opt_state)
-        step = {k: torch.where(held[k], s, 0.0) for k, s in step.items()}
-        new = replace(state, params=apply_step(state.params, step), opt_state=opt_state)
+        params, opt_state = opt.apply(state.params, delta, state.opt_state, held)
+        new = replace(state, params=params, opt_state=opt_state)
         return new if select.update is None else select.update(new, uplinks, weights, ctx)
 
     def validate_model(model: nn.Module) -> None:
