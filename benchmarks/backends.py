@@ -185,7 +185,7 @@ def start_up(
     )
     del pool, train
     data = dataclasses.replace(data, global_test=test)
-    gen = torch_generator(seed, Stream.INIT)  # as experiment.build_run_model seeds it
+    gen = torch_generator(seed, Stream.INIT)  # as stages.train.build_run_model seeds it
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
     model = build_model(wl.model, input_shape=wl.shape, num_classes=10, **wl.model_kw)
     return data, model, source

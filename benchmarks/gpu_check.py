@@ -233,7 +233,7 @@ def peak_memory(dev: torch.device) -> dict[str, float | None]:
 
 
 def seeded_model(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
-    """A model initialised as ``experiment.build_run_model`` seeds it: from ``(seed, INIT)``."""
+    """A model initialised as ``stages.train.build_run_model`` seeds it: from ``(seed, INIT)``."""
     gen = torch_generator(seed, Stream.INIT)
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
     return build()
