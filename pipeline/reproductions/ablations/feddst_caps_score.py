@@ -141,6 +141,11 @@ def main() -> None:
         frame = pl.concat(
             [pl.read_csv(f, infer_schema_length=None) for f in args.curves], how="diagonal_relaxed"
         )
+        # `fedcomm curves` names the traffic columns comm_cum_*; a build's reports/curves.csv
+        # names them cum_*
+        frame = frame.rename(
+            {f"comm_{c}": c for c in ("cum_gib", "cum_up_bytes") if f"comm_{c}" in frame.columns}
+        )
     else:
         sys.exit("error: give curves CSVs or --checkpoints BUILD...")
     reached = frame.group_by("run", "seed").agg(pl.col("round").max()).sort("run", "seed")
