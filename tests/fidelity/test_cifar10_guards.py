@@ -25,12 +25,10 @@ from typing import Any
 
 import pytest
 
-from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import Params, read_yaml_mapping, validate_params
-from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.stages.partition import draw_partition, load_data
-from fedcomm.stages.train import check_run, loop_config
+from fedcomm.stages.train import train_in_memory
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.fidelity]
@@ -93,11 +91,7 @@ def _final(params: Params, data: FederatedTensors, run: str, rounds: int) -> dic
     each = {"rounds": rounds, "eval_every": rounds, "local_eval_every": rounds}
     train = params.train.model_copy(update=each)
     p = params.model_copy(update={"train": train})
-    model, algorithm = check_run(p, run, 0, data)
-    result = loop.run(
-        loop_config(p, 0, run), algorithm, model, data, build_compressor("none"), config_hash="g"
-    )
-    return dict(result.state.round_rows[-1])
+    return dict(train_in_memory(p, run, 0, data).state.round_rows[-1])
 
 
 def test_the_cut_changes_only_its_keys(cifar_root: Path) -> None:

@@ -24,12 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedcomm.comm.codecs import build_compressor
 from fedcomm.config import read_yaml_mapping, validate_params
-from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.stages.partition import draw_partition, load_data
-from fedcomm.stages.train import check_run, loop_config
+from fedcomm.stages.train import train_in_memory
 
 PROFILE = Path(__file__).resolve().parents[1] / "fedsparse_cifar10.yaml"
 RUN = "fedsparse_low"
@@ -55,11 +53,7 @@ def main(argv: list[str]) -> int:
     part = draw_partition(first, dataset)
     data = FederatedTensors.build(dataset, part.train, part.test)
     for lambda0 in lambdas:
-        params = _params(raw, rounds, lambda0)
-        model, algorithm = check_run(params, RUN, seed, data)
-        lcfg = loop_config(params, seed, RUN)
-        result = loop.run(lcfg, algorithm, model, data, build_compressor("none"), config_hash="s")
-        row = result.state.round_rows[-1]
+        row = train_in_memory(_params(raw, rounds, lambda0), RUN, seed, data).state.round_rows[-1]
         out = {"lambda0": lambda0, "rounds": rounds, "seed": seed}
         out |= {"sparsity": row["model/sparsity"], "global_accuracy": row["global/accuracy"]}
         print(json.dumps(out), flush=True)

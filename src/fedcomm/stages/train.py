@@ -18,7 +18,7 @@ import torch
 
 from fedcomm import __version__, atomic
 from fedcomm.algorithms import build_algorithm
-from fedcomm.comm.codecs import build_compressor
+from fedcomm.comm.codecs import Compressor, build_compressor
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets.registry import resolve_root
 from fedcomm.models import build_model
@@ -95,8 +95,7 @@ def train_stage(
     model, algorithm = check_run(params, run, seed, data)
     config = resolved_run_config(params, run, seed, phash)
     chash = config_hash({**config, "code": code_fingerprint()})
-    comp_cfg = params.algorithm(run).uplink or params.train.compressor
-    compressor = build_compressor(comp_cfg.name, **comp_cfg.model_dump(exclude={"name"}))
+    compressor = run_compressor(params, run)
     name = run_name(run, seed)
     ckpt = paths.checkpoints / name / "state.pt"
     previous = ckpt_mod.load(ckpt, chash) if resume else None  # warns once if unreadable
@@ -186,6 +185,21 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         system=t.system,
         data_root=resolve_root(params.data.root) if t.system is not None else None,
     )
+
+
+def run_compressor(params: Params, run: str) -> Compressor:
+    """The uplink compressor of ``run``: its algorithm's ``uplink``, else ``train.compressor``."""
+    comp_cfg = params.algorithm(run).uplink or params.train.compressor
+    return build_compressor(comp_cfg.name, **comp_cfg.model_dump(exclude={"name"}))
+
+
+def train_in_memory(params: Params, run: str, seed: int, data: FederatedTensors) -> loop.RunResult:
+    """One (run, seed) trained exactly as :func:`train_stage` trains it (the same model init,
+    algorithm, compressor and loop config) but in memory: no checkpoint, no MLflow run, no
+    files. For short seeded checks of a profile (the fidelity guards, one-change scans)."""
+    model, algorithm = check_run(params, run, seed, data)
+    lcfg = loop_config(params, seed, run)
+    return loop.run(lcfg, algorithm, model, data, run_compressor(params, run), config_hash="mem")
 
 
 def check_run(
