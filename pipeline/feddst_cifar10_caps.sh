@@ -17,15 +17,16 @@
 # FedDST's readjustments end at R // 2 of the run's rounds (the code's default): pinned to 200,
 # the 400-round run's value, so these 180 rounds are the first 180 of that run (the other runs'
 # schedules do not depend on the number of rounds).
+# A checkpoint every 10 rounds (~2-3 CPU min of work) so that a session's end loses little.
 # Each seed is two builds (pipeline/per_seed.sh, partition seed = seed, curves committed):
 # feddst_cifar10_dense_s<seed> (fedavgm, fedprox) and feddst_cifar10_sparse_s<seed> (the rest).
 set -euo pipefail
 [[ $# -gt 0 ]] || { echo "error: give at least one seed" >&2; exit 2; }
 profile=pipeline/reproductions/feddst_cifar10.yaml
 for seed in "$@"; do
-  RUNS="fedavgm fedprox" SET="train.rounds=36 train.eval_every=1 train.local_eval_every=36" \
+  RUNS="fedavgm fedprox" SET="train.rounds=36 train.eval_every=1 train.local_eval_every=36 train.checkpoint_every=10" \
     bash pipeline/per_seed.sh "$profile" feddst_cifar10_dense "$seed"
   RUNS="randommask grasp prunefl feddst" \
-    SET="train.rounds=180 train.eval_every=1 train.local_eval_every=180 algorithms.feddst.readjust_end=200" \
+    SET="train.rounds=180 train.eval_every=1 train.local_eval_every=180 train.checkpoint_every=10 algorithms.feddst.readjust_end=200" \
     bash pipeline/per_seed.sh "$profile" feddst_cifar10_sparse "$seed"
 done
