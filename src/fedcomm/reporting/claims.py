@@ -142,9 +142,10 @@ def _resolve(src: Source, metric: str, rule: Rule, files: _Files, where: str) ->
 
 def _best_within(frame: pl.DataFrame, src: Source, col: str) -> ArmValues:
     """Per seed: the best ``col`` over the evaluations within ``src.within_gib`` GiB of traffic
-    on ``src.axis`` (FedDST's upload caps, budgets); a seed with no evaluation inside, or whose
-    curve does not go past the cap, is left out. Reads the summarize stage's ``cum_*`` columns
-    and ``fedcomm curves``' ``comm_cum_*``."""
+    on ``src.axis`` (FedDST's upload caps, budgets); a seed with no evaluation inside is left
+    out, and so is one whose curve does not go past the cap unless ``src.ended_inside`` says
+    the run finished there (then its best, a lower bound of its best within the cap, counts).
+    Reads the summarize stage's ``cum_*`` columns and ``fedcomm curves``' ``comm_cum_*``."""
     assert src.within_gib is not None
     axis: CapAxis = src.axis or "up_down"
     run = frame.filter(pl.col("run") == src.run)
@@ -156,9 +157,12 @@ def _best_within(frame: pl.DataFrame, src: Source, col: str) -> ArmValues:
     values = {
         int(r["seed"]): float(r["best"])
         for r in table.iter_rows(named=True)
-        if r["best"] is not None and r["passed"] and (src.seeds is None or r["seed"] in src.seeds)
+        if r["best"] is not None
+        and (r["passed"] or src.ended_inside is not None)
+        and (src.seeds is None or r["seed"] in src.seeds)
     }
-    return ArmValues(values, f"best within {src.within_gib:g} GiB ({CAP_AXIS_WORDS[axis]})")
+    inside = "; a run that ended inside it: its best" if src.ended_inside is not None else ""
+    return ArmValues(values, f"best within {src.within_gib:g} GiB ({CAP_AXIS_WORDS[axis]}{inside})")
 
 
 def _with_minus(

@@ -6,7 +6,8 @@ does: each a paired comparison of two arms, decided over seeds) and ``checks`` (
 calibrated numbers: compared, never counted as reproduced behaviours). Each arm reads one source:
 
 - ``curves: <csv>`` + ``run`` [+ ``seeds``, ``at_round``]: a long curves table (``run``,
-  ``seed``, ``round``, metric columns); final = mean of the last ``last_k`` evaluations;
+  ``seed``, ``round``, metric columns); final = mean of the last ``last_k`` evaluations; or
+  [``within_gib`` (+ ``axis``, ``ended_inside``)] the best evaluation within a traffic cap;
 - ``ablations: <key>`` [+ ``field``]: per-seed final records of ``issue15_ablations.json``
   (beside the claims file); final = the last evaluation (the curve was not kept);
 - ``per_seed: {seed: value}`` with ``from``: explicit numbers and where they come from;
@@ -59,6 +60,9 @@ class Source(_Strict):
     at_round: int | None = Field(None, ge=0)
     within_gib: float | None = Field(None, gt=0.0)  # best within a traffic cap instead of final
     axis: CapAxis | None = None  # what within_gib counts (default up_down: up + download)
+    # a seed whose (finished) run ended inside the cap counts its best: a lower bound of its best
+    # within the cap; without it such a seed is left out (it may be a run still training)
+    ended_inside: Literal["best"] | None = None
     ablations: str | None = None
     field: str | None = None
     per_seed: dict[int, float] | None = None
@@ -75,16 +79,18 @@ class Source(_Strict):
                 f"needs exactly one of {', '.join(SOURCE_KINDS)} (got {kinds or 'none'})"
             )
         allowed = {
-            "curves": {"run", "seeds", "at_round", "within_gib", "axis"},
+            "curves": {"run", "seeds", "at_round", "within_gib", "axis", "ended_inside"},
             "ablations": {"field", "seeds"},
             "per_seed": {"from_"},
             "pending": {"old"},
         }[kinds[0]]
-        for key in ("run", "seeds", "at_round", "within_gib", "axis", "field", "from_", "old"):
+        keys = ("run", "seeds", "at_round", "within_gib", "axis", "ended_inside", "field")
+        for key in (*keys, "from_", "old"):
             if getattr(self, key) is not None and key not in allowed:
                 raise ValueError(f"`{key.rstrip('_')}` does not go with `{kinds[0]}`")
-        if self.axis is not None and self.within_gib is None:
-            raise ValueError("`axis` goes with `within_gib` (the cap it counts)")
+        for key in ("axis", "ended_inside"):
+            if getattr(self, key) is not None and self.within_gib is None:
+                raise ValueError(f"`{key}` goes with `within_gib` (the cap it counts)")
         if self.within_gib is not None and self.at_round is not None:
             raise ValueError("`within_gib` and `at_round` exclude each other")
         if kinds[0] == "curves" and self.run is None:

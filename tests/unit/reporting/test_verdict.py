@@ -392,6 +392,32 @@ def test_best_within_a_traffic_cap_on_either_axis(tmp_path: Path) -> None:
     assert short.a.values == {} and short.b.values == pytest.approx({0: 0.50, 1: 0.60})
 
 
+def test_a_run_that_ended_inside_the_cap_counts_its_best_when_told(tmp_path: Path) -> None:
+    """``ended_inside: best``: a finished run that never spent the cap counts its best (a lower
+    bound of its best within the cap); without it the seed is left out (test above)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cap.csv").write_text(CAP_CSV)
+    arm = {"curves": "data/cap.csv", "within_gib": 3.0}
+    (ended,) = decide(
+        load_registry(
+            _registry(
+                tmp_path,
+                [
+                    _behaviour(
+                        "ended-inside",
+                        {"label": "S", "run": "sparse", **arm, "ended_inside": "best"},
+                        {"label": "D", "run": "dense", **arm, "within_gib": 2.5},
+                    )
+                ],
+            )
+        )
+    )
+    # sparse ends at 3.0 GiB (not past 3): its best 0.97 / 0.99; dense within 2.5: 0.80 / 0.70
+    assert ended.a.values == pytest.approx({0: 0.97, 1: 0.99})
+    assert ended.paired is not None and ended.paired.d == pytest.approx((17.0, 29.0))
+    assert "a run that ended inside it: its best" in ended.final
+
+
 @pytest.mark.parametrize(
     ("arm", "says"),
     [
@@ -399,6 +425,8 @@ def test_best_within_a_traffic_cap_on_either_axis(tmp_path: Path) -> None:
         ({"within_gib": 1.0, "at_round": 3}, "exclude each other"),
         ({"within_gib": 0.0}, "within_gib"),
         ({"within_gib": 1.0, "axis": "down"}, "axis"),
+        ({"ended_inside": "best"}, "`ended_inside` goes with `within_gib`"),
+        ({"within_gib": 1.0, "ended_inside": "last"}, "ended_inside"),
     ],
 )
 def test_bad_cap_sources_are_one_line_errors(
