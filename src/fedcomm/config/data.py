@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedcomm.config.base import Strict
 
@@ -12,6 +12,31 @@ VERIFY: Any = Field(  # the `verify` key of the datasets with a standard release
     True,
     description="check the files against the standard release's MD5 digests (false: your "
     "own copy); checks only, the data read is the same",
+)
+
+
+class Standardize(Strict):
+    """Per-channel standardization ``(x − mean_c) / std_c`` of images scaled to [0, 1]
+    (torchvision's ``Normalize``): one number per channel, every std > 0."""
+
+    mean: list[float] = Field(min_length=1)
+    std: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Standardize:
+        if len(self.mean) != len(self.std):
+            raise ValueError(
+                f"mean has {len(self.mean)} channels, std {len(self.std)}: give one of each "
+                "per channel"
+            )
+        return self
+
+
+NORMALIZE: Any = Field(
+    None,
+    description="standardize each channel: {mean: [...], std: [...]} (e.g. the official FedDST "
+    "code's CIFAR-10 Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))); null: "
+    "pixels in [0, 1]",
 )
 
 
@@ -49,12 +74,14 @@ class Ptb(Strict):
 class Cifar10(Strict):
     name: Literal["cifar10"] = "cifar10"
     verify: bool = VERIFY
+    normalize: Standardize | None = NORMALIZE
 
 
 class Cifar100(Strict):
     name: Literal["cifar100"] = "cifar100"
     label: Literal["fine", "coarse"] = "fine"
     verify: bool = VERIFY
+    normalize: Standardize | None = NORMALIZE
 
 
 class ImageFolder(Strict):
@@ -80,6 +107,7 @@ class ImageFolder(Strict):
         description="keep the decoded images in $FEDCOMM_CACHE_DIR (else ~/.cache/fedcomm), "
         "keyed by the files' content; false: decode on every load",
     )
+    normalize: Standardize | None = NORMALIZE
 
     @field_validator("path")
     @classmethod

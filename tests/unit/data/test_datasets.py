@@ -325,3 +325,26 @@ def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:
     assert coarse.num_classes == 20 and coarse.y.tolist() == [19, 0, 0, 1]
     with pytest.raises(ValueError, match="label"):
         load_dataset("cifar100", tmp_path, label="medium")
+
+
+def test_cifar_normalize_standardizes_each_channel(tmp_path: Path) -> None:
+    """``normalize: {mean, std}``: torchvision's Normalize after the scaling to [0, 1] (the
+    official FedDST code's CIFAR-10 preprocessing); absent: pixels stay in [0, 1]."""
+    folder = tmp_path / "cifar-10-batches-py"
+    for k, name in enumerate([*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]):
+        data = np.zeros((1, 3072), dtype=np.uint8)
+        data[0, :1024], data[0, 1024:2048], data[0, 2048:] = 51 * (k % 6), 255, 0  # R, G, B
+        _pickle(folder / name, {b"data": data, b"labels": [k]})
+    stats = {"mean": [0.5, 0.25, 0.0], "std": [0.5, 0.25, 2.0]}
+    plain = load_dataset("cifar10", tmp_path)
+    ds = load_dataset("cifar10", tmp_path, normalize=stats)
+    expect = (plain.x - np.array([0.5, 0.25, 0.0], np.float32)[:, None, None]) / np.array(
+        [0.5, 0.25, 2.0], np.float32
+    )[:, None, None]
+    np.testing.assert_allclose(ds.x, expect, rtol=1e-6)
+    assert ds.x[1, 0, 0, 0] == pytest.approx((0.2 - 0.5) / 0.5) and ds.x[0, 1].min() == 3.0
+    assert plain.x.min() == 0.0 and plain.x.max() == 1.0
+    for bad in ({"mean": [0.5], "std": [0.5]}, {"mean": [0, 0, 0], "std": [1, 0, 1]},
+                {"mean": [0, 0, 0]}, [0.5, 0.5]):  # fmt: skip
+        with pytest.raises(ValueError, match="normalize"):
+            load_dataset("cifar10", tmp_path, normalize=bad)

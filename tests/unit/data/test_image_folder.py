@@ -83,6 +83,12 @@ def test_channels_are_rgb_in_order(tmp_path: Path, cache: Path) -> None:
         write_image(tmp_path / "imgs" / split / "red" / "0.png", red, "PNG")
     ds = _load(tmp_path)
     assert ds.x[:, 0].min() == 1.0 and ds.x[:, 1:].max() == 0.0
+    # normalize: per channel, after the scaling to [0, 1]; the cached pixels are not changed
+    std = _load(tmp_path, normalize={"mean": [0.5, 0.0, 0.25], "std": [0.25, 1.0, 0.5]})
+    assert std.x[:, 0].min() == 2.0 and std.x[:, 1].max() == 0.0 and std.x[:, 2].max() == -0.5
+    assert _load(tmp_path).x[:, 0].min() == 1.0
+    with pytest.raises(ValueError, match="normalize has 1 channels, the images have 3"):
+        _load(tmp_path, normalize={"mean": [0.5], "std": [0.25]})
 
 
 def test_grey_and_rgba_modes_and_other_image_formats(tmp_path: Path, cache: Path) -> None:
@@ -133,6 +139,8 @@ def test_load_dataset_reads_the_env_root_and_registers_the_config(
         ({"path": "imgs", "size": [32]}, r"size=\[32\]: expected \[height, width\]"),
         ({"path": "imgs", "size": [32, 0]}, "two integers >= 1"),
         ({"path": "imgs", "colour": "RGB"}, "unknown options"),
+        ({"path": "imgs", "normalize": {"mean": [0.5]}}, r"normalize=.*expected \{mean"),
+        ({"path": "imgs", "normalize": {"mean": [0.5], "std": [-1]}}, "stds > 0"),
     ],
 )
 def test_bad_options(tmp_path: Path, options: dict[str, object], match: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fedcomm.data.datasets.options import Options
+from fedcomm.data.datasets.options import Options, standardize
 from fedcomm.data.datasets.registry import register
 from fedcomm.data.datasets.verify import check_md5, not_found, reading
 from fedcomm.data.types import Dataset
@@ -67,8 +67,10 @@ def _load_cifar(
     classes: int,
     root: Path | None,
     verify: bool,
+    normalize: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> Dataset:
-    """Pool CIFAR pickles: x ``(n, 3, 32, 32)`` float32 in [0, 1]."""
+    """Pool CIFAR pickles: x ``(n, 3, 32, 32)`` float32 in [0, 1] (``normalize``: standardized
+    per channel, see :func:`~fedcomm.data.datasets.options.standardize`)."""
     paths = [root / folder / f for f in files] if root is not None else []
     if root is None or not all(p.is_file() for p in paths):
         raise not_found(name, root, [f"{folder}/{f}" for f in files])
@@ -76,6 +78,7 @@ def _load_cifar(
     parts = [_read_cifar_batch(p, label_key, classes, release, verify) for p in paths]
     x = np.concatenate([p[0] for p in parts]).astype(np.float32)
     x /= 255.0
+    standardize(x, normalize, name)
     y = np.concatenate([p[1] for p in parts])
     return Dataset(name, x, y, num_classes=classes)
 
@@ -83,16 +86,18 @@ def _load_cifar(
 @register("cifar10")
 def _load_cifar10(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """CIFAR-10 from ``cifar-10-batches-py/`` (``data_batch_1..5``, ``test_batch``)."""
-    verify = Options("cifar10", options, ("verify",)).flag("verify", True)
+    o = Options("cifar10", options, ("verify", "normalize"))
+    verify, stats = o.flag("verify", True), o.channel_stats("normalize")
     files = [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]
-    return _load_cifar("cifar10", "cifar-10-batches-py", files, b"labels", 10, root, verify)
+    return _load_cifar("cifar10", "cifar-10-batches-py", files, b"labels", 10, root, verify, stats)
 
 
 @register("cifar100")
 def _load_cifar100(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """CIFAR-100 from ``cifar-100-python/`` (``train``, ``test``); ``label`` fine or coarse."""
-    o = Options("cifar100", options, ("label", "verify"))
+    o = Options("cifar100", options, ("label", "verify", "normalize"))
     label, verify = o.choice("label", "fine", ("fine", "coarse")), o.flag("verify", True)
+    stats = o.channel_stats("normalize")
     key, classes = (b"fine_labels", 100) if label == "fine" else (b"coarse_labels", 20)
     files = ("train", "test")
-    return _load_cifar("cifar100", "cifar-100-python", files, key, classes, root, verify)
+    return _load_cifar("cifar100", "cifar-100-python", files, key, classes, root, verify, stats)

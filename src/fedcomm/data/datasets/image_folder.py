@@ -23,7 +23,7 @@ import numpy as np
 
 from fedcomm.data.datasets.image_cache import cache_key, load_pixels
 from fedcomm.data.datasets.image_files import MODES, SPLITS, Listing, content_digests, list_images
-from fedcomm.data.datasets.options import Options
+from fedcomm.data.datasets.options import Options, standardize
 from fedcomm.data.datasets.registry import register
 from fedcomm.data.datasets.verify import damaged, not_found
 from fedcomm.data.types import Dataset
@@ -84,6 +84,7 @@ def load_image_folder(
     size: Sequence[int] | None = None,
     verify: bool = True,
     cache: bool = True,
+    normalize: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> Dataset:
     """The ImageFolder dataset at ``root / path`` (see the module docstring).
 
@@ -94,10 +95,12 @@ def load_image_folder(
         size: ``(height, width)`` every image must have; ``None``: the first train image's.
         verify: check a known release's digest (see :data:`RELEASES`).
         cache: read / write the decode cache.
+        normalize: ``(mean, std)`` per channel: x becomes ``(x − mean_c) / std_c``
+            (torchvision's ``Normalize``, after the scaling to [0, 1]); ``None``: not.
 
     Returns:
-        Train then test: x ``(n, C, H, W)`` float32 in [0, 1], y ``(n,)`` int64; named
-        ``image_folder:<path>``.
+        Train then test: x ``(n, C, H, W)`` float32 in [0, 1] (standardized with
+        ``normalize``), y ``(n,)`` int64; named ``image_folder:<path>``.
     """
     rel = check_path(path)
     if mode not in MODES:
@@ -116,6 +119,7 @@ def load_image_folder(
     x8 = load_pixels(listing, cache_key(files_sha, layout_sha, mode), mode, hw, cache)
     x = np.empty(x8.shape, np.float32)
     np.divide(x8, np.float32(255), out=x)  # = x8.astype(float32) / 255, in one pass
+    standardize(x, normalize, "image_folder")
     return Dataset(
         f"image_folder:{rel}", x, listing.labels.copy(), num_classes=len(listing.classes)
     )
@@ -142,7 +146,7 @@ def _check_size(size: Sequence[int] | None) -> tuple[int, int] | None:
 def _load_image_folder(root: Path | None, options: Mapping[str, Any]) -> Dataset:
     """Any dataset in torchvision's ``ImageFolder`` layout under ``root / path``, decoded once
     and cached by content (see the module docstring)."""
-    o = Options("image_folder", options, ("path", "mode", "size", "verify", "cache"))
+    o = Options("image_folder", options, ("path", "mode", "size", "verify", "cache", "normalize"))
     return load_image_folder(
         root,
         o.required_string("path", "cifar10_jpeg"),
@@ -150,4 +154,5 @@ def _load_image_folder(root: Path | None, options: Mapping[str, Any]) -> Dataset
         size=options.get("size"),
         verify=o.flag("verify", True),
         cache=o.flag("cache", True),
+        normalize=o.channel_stats("normalize"),
     )

@@ -59,3 +59,44 @@ class Options:
         if not isinstance(v, str) or not v:
             raise self._bad(key, f"expected a non-empty string (e.g. {example})")
         return v
+
+    def channel_stats(self, key: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """``{mean: [...], std: [...]}`` (one number per channel, every std > 0) or absent/null."""
+        v = self.options.get(key)
+        if v is None:
+            return None
+        want = "expected {mean: [m_1, ...], std: [s_1, ...]}, one number per channel, stds > 0"
+        if not isinstance(v, Mapping) or set(v) != {"mean", "std"}:
+            raise self._bad(key, want)
+        stats = []
+        for part in ("mean", "std"):
+            seq = v[part]
+            if isinstance(seq, str | bytes) or not isinstance(seq, Sequence) or not seq:
+                raise self._bad(key, want)
+            if not all(isinstance(n, int | float | np.number) and not isinstance(n, bool)
+                       and np.isfinite(n) for n in seq):  # fmt: skip
+                raise self._bad(key, want)
+            stats.append(tuple(float(n) for n in seq))
+        mean, std = stats
+        if len(mean) != len(std) or min(std) <= 0:
+            raise self._bad(key, want)
+        return mean, std
+
+
+def standardize(
+    x: np.ndarray, stats: tuple[Sequence[float], Sequence[float]] | None, dataset: str
+) -> np.ndarray:
+    """``(x − mean_c) / std_c`` per channel of ``x (n, C, H, W)``, in place (torchvision's
+    ``Normalize``); ``stats`` None: ``x`` unchanged. The channel counts must agree."""
+    if stats is None:
+        return x
+    mean, std = stats
+    if len(mean) != x.shape[1]:
+        raise ValueError(
+            f"dataset {dataset!r}: option normalize has {len(mean)} channels, the images "
+            f"have {x.shape[1]}"
+        )
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    x -= np.asarray(mean, np.float32).reshape(shape)
+    x /= np.asarray(std, np.float32).reshape(shape)
+    return x
