@@ -40,6 +40,11 @@ class FeddstCnnModel(Strict):
     hidden: list[Annotated[int, Field(ge=1)]] | None = Field(
         None, description="hidden fully connected widths (may be []); null: the paper's"
     )
+    softmax_output: bool = Field(
+        False,
+        description="end in softmax, as the official code's nets do (its cross-entropy then "
+        "applies log-softmax again: the 'double softmax'); false: logits",
+    )
 
 
 class ResNetModel(Strict):

@@ -242,7 +242,8 @@ def _convnet(
 
 class FeddstCNN(nn.Module):
     """Two (conv5x5, no padding; maxpool 3x3 stride 1; ReLU) blocks, then ReLU-separated Linear
-    layers ``fc1 … fcL`` with none after the last (the logits)."""
+    layers ``fc1 … fcL`` with none after the last (the logits; ``softmax_output``: their softmax,
+    as the official nets)."""
 
     def __init__(
         self,
@@ -251,8 +252,10 @@ class FeddstCNN(nn.Module):
         *,
         channels: tuple[int, int],
         hidden: Sequence[int],
+        softmax_output: bool = False,
     ) -> None:
         super().__init__()
+        self.softmax_output = softmax_output
         c, h, w = input_shape
         self.conv1 = nn.Conv2d(c, channels[0], 5)
         self.conv2 = nn.Conv2d(channels[0], channels[1], 5)
@@ -269,7 +272,7 @@ class FeddstCNN(nn.Module):
         for i in range(1, self.num_fc):
             x = F.relu(getattr(self, f"fc{i}")(x))  # (B, hidden_i)
         out: torch.Tensor = getattr(self, f"fc{self.num_fc}")(x)  # (B, num_classes)
-        return out
+        return F.softmax(out, dim=1) if self.softmax_output else out
 
 
 # FedDST's nets (bibikar/feddst models.py): (channels, hidden) of ``MNISTNet``, ``CIFAR10Net``
@@ -302,6 +305,7 @@ def feddst_cnn(
     num_classes: int,
     channels: Sequence[int] | None = None,
     hidden: Sequence[int] | None = None,
+    softmax_output: bool = False,
 ) -> FeddstCNN:
     """FedDST's CNNs: conv5x5 (no padding), maxpool 3x3 stride 1, ReLU, twice; then MLP layers.
 
@@ -318,8 +322,9 @@ def feddst_cnn(
       fc 120→100; 783,092 parameters (``channels=[6, 16], hidden=[120]``).
 
     The original ends in ``softmax`` and then trains with ``cross_entropy``, which applies
-    log-softmax again (a double softmax, a bug that flattens the gradients); this model returns
-    logits, like every model here.
+    log-softmax again (a double softmax, which flattens the gradients); by default this model
+    returns logits, like every model here, and ``softmax_output=True`` ends it in the softmax
+    as the original (the losses then see the double softmax; argmax, so accuracy, is the same).
 
     Args:
         input_shape: ``(C, H, W)``; H and W at least 13.
@@ -327,6 +332,7 @@ def feddst_cnn(
         channels: output channels of the two convolutions; ``None``: by the input, as above.
         hidden: widths of the hidden fully connected layers (may be empty); ``None``: by the
             input, as above.
+        softmax_output: end in softmax (the official code's nets).
 
     Returns:
         The model, with layers ``conv1, conv2, fc1 … fc{len(hidden)+1}``.
@@ -342,4 +348,6 @@ def feddst_cnn(
     c1, c2 = positive_ints(name, "channels", channels, length=2)
     widths = positive_ints(name, "hidden", hidden, allow_empty=True)
     c, h, w = input_shape
-    return FeddstCNN((c, h, w), num_classes, channels=(c1, c2), hidden=widths)
+    return FeddstCNN(
+        (c, h, w), num_classes, channels=(c1, c2), hidden=widths, softmax_output=softmax_output
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -362,3 +363,21 @@ def test_gate_lstm_is_nn_lstm_in_both_forms(layers: int) -> None:
     for i in range(3):
         one = torch.func.functional_call(gate, {n: v[i] for n, v in params.items()}, (xs[i],))[0]
         torch.testing.assert_close(batched[i], one, rtol=1e-5, atol=1e-6)
+
+
+def test_feddst_cnn_softmax_output_is_the_official_nets_double_softmax() -> None:
+    """``softmax_output``: the net ends in softmax, as bibikar/feddst's; the same weights give
+    the softmax of the logits (so the same argmax), and the cross-entropy on it is the
+    official code's double softmax: at most log(e + C − 1), whatever the logits."""
+    torch.manual_seed(0)
+    plain = build_model("feddst_cnn", input_shape=(3, 32, 32), num_classes=10)
+    soft = build_model("feddst_cnn", input_shape=(3, 32, 32), num_classes=10, softmax_output=True)
+    soft.load_state_dict(plain.state_dict())
+    x = torch.randn(5, 3, 32, 32) * 30
+    logits, probs = plain(x), soft(x)
+    torch.testing.assert_close(probs, torch.softmax(logits, 1))
+    assert torch.equal(probs.argmax(1), logits.argmax(1))
+    y = probs.argmin(1)  # the least likely class as the target
+    loss = torch.nn.functional.cross_entropy(probs, y, reduction="none")
+    assert float(loss.max()) <= math.log(9 + math.e)
+    assert float(torch.nn.functional.cross_entropy(logits, y, reduction="none").max()) > 3
