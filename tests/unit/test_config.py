@@ -189,9 +189,11 @@ def test_feddst_cnn_widths_default_to_null_and_are_checked_by_key() -> None:
     """null widths = the paper's net for the data's input (resolved by the model factory);
     explicit ones are kept as given, and bad ones are refused before any work."""
     p = validate_params(tiny_params(model={"name": "feddst_cnn"}))
-    assert p.model.model_dump() == {"name": "feddst_cnn", "channels": None, "hidden": None}
+    off = {"softmax_output": False}
+    assert p.model.model_dump() == {"name": "feddst_cnn", "channels": None, "hidden": None} | off
     p = validate_params(tiny_params(model={"name": "feddst_cnn", "hidden": []}))
-    assert p.model.model_dump() == {"name": "feddst_cnn", "channels": None, "hidden": []}
+    assert p.model.model_dump() == {"name": "feddst_cnn", "channels": None, "hidden": []} | off
+    assert "model.softmax_output" in _error(model={"name": "feddst_cnn", "softmax_output": 2})
     assert "model.channels" in _error(model={"name": "feddst_cnn", "channels": [6]})
     assert "model.hidden.0" in _error(model={"name": "feddst_cnn", "hidden": [0]})
 
