@@ -40,6 +40,7 @@ from fedcomm.comm.compressors.config import (
 )
 from fedcomm.config.base import Strict
 from fedcomm.config.data import (
+    NORMALIZE,
     VERIFY,
     Cifar10,
     Cifar100,
@@ -51,6 +52,7 @@ from fedcomm.config.data import (
     Mnist,
     Ptb,
     Shakespeare,
+    Standardize,
     Synthetic,
 )
 from fedcomm.config.evaluate import EvaluateConfig, LinkConfig
@@ -99,6 +101,7 @@ from fedcomm.config.train import TrainConfig
 
 __all__ = [
     "CURVE_COLUMNS",
+    "NORMALIZE",
     "POINTS_METRICS",
     "VERIFY",
     "AlgorithmUnion",
@@ -143,6 +146,7 @@ __all__ = [
     "SignSgdCompressor",
     "SizePartition",
     "SpCompressor",
+    "Standardize",
     "StcCompressor",
     "Strict",
     "SummarizeConfig",
