@@ -9,10 +9,15 @@
 # 20 clients x 782,006 values x 4 B x 2 directions is 0.1165 GiB, so FedAvgM and FedProx pass
 # 4 GiB after round 34; the sparse runs (S = 0.8: RandomMask, GraSP, PruneFL, FedDST) move
 # 4.75x less a round (measured on the MNIST caps builds, abl_feddst_caps) and pass it near
-# round 163. At ~13-15 CPU s a round (docs/paper_scale.md) the whole 400-round table is ~25 CPU
-# hours; this cut (36 dense rounds, 180 sparse rounds, 3 seeds) is ~9 CPU hours, and every
-# round is evaluated (the issue's rule: a best-within-cap over more evaluations favours the run
-# evaluated more often). The 8 / 12 / 16 GiB columns are not run (a GPU with the data could).
+# round 163. Measured in the seventh session at one torch thread beside one other build: a
+# dense round ~5-6.5 s (FedAvgM 5.3, FedProx 6.5, every round evaluated), so a seed's dense
+# build is ~8 min; the whole 400-round table would be several CPU hours; this cut (36 dense
+# rounds, 180 sparse rounds, 3 seeds) is what fits, and every round is evaluated (the issue's
+# rule: a best-within-cap over more evaluations favours the run evaluated more often). The
+# 8 / 12 / 16 GiB columns are not run (a GPU with the data could).
+# The inputs are standardized with the official code's constants (the profile's
+# data.dataset.normalize): on [0, 1] pixels FedAvgM collapses to one class for the whole cut
+# (docs/reproductions/feddst.md, "CIFAR-10 (Table 2): the inputs must be standardized").
 #
 # FedDST's readjustments end at R // 2 of the run's rounds (the code's default): pinned to 200,
 # the 400-round run's value, so these 180 rounds are the first 180 of that run (the other runs'

@@ -19,7 +19,6 @@ numbers out of their bands. Costs ~3 min on 2 CPU cores (the decode of the 60,00
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +64,6 @@ def _cut(raw: dict[str, Any], data_root: Path, rounds: int) -> dict[str, Any]:
     }
     cut["experiment"] = {**raw["experiment"], "seeds": [0]}
     return cut
-
-
-@pytest.fixture(scope="module")
-def cifar_root(data_root: Path) -> Path:
-    if not (data_root / "cifar10_jpeg").is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"{data_root / 'cifar10_jpeg'} is missing")  # CI runs the real data
-        pytest.skip("the CIFAR-10 JPEG copy is not on this machine")
-    return data_root
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ cached by the CIFAR-10 guards before it).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +32,15 @@ from fedcomm.simulation.data import FederatedTensors
 from fedcomm.stages.partition import draw_partition, load_data
 from fedcomm.stages.train import train_in_memory
 from tests.conftest import REPO
+from tests.fidelity.test_cifar10_guards import CUT as CIFAR10_CUT
 from tests.fidelity.test_cifar10_guards import _flat
 
 pytestmark = [pytest.mark.slow, pytest.mark.fidelity]
 
 PROFILE = REPO / "pipeline" / "reproductions" / "feddst_cifar10.yaml"
 ROUNDS = 8
-#: the keys the cut changes (dotted); everything else is the profile's
-CUT = {
-    "data.root",
-    "train.rounds",
-    "train.eval_every",
-    "train.local_eval_every",
-    "train.device",
-    "experiment.seeds",
-    "experiment.runs",
-}
+#: the keys the cut changes (dotted): the CIFAR-10 Table 1 guards' and the runs
+CUT = CIFAR10_CUT | {"experiment.runs"}
 
 
 def _cut(raw: dict[str, Any], data_root: Path) -> dict[str, Any]:
@@ -62,15 +54,6 @@ def _cut(raw: dict[str, Any], data_root: Path) -> dict[str, Any]:
     }
     cut["experiment"] = {**raw["experiment"], "seeds": [0], "runs": ["fedavgm"]}
     return cut
-
-
-@pytest.fixture(scope="module")
-def cifar_root(data_root: Path) -> Path:
-    if not (data_root / "cifar10_jpeg").is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"{data_root / 'cifar10_jpeg'} is missing")  # CI runs the real data
-        pytest.skip("the CIFAR-10 JPEG copy is not on this machine")
-    return data_root
 
 
 def test_the_cut_changes_only_its_keys(cifar_root: Path) -> None:
