@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fedcomm.data.datasets.options import Options, standardize
+from fedcomm.data.datasets.options import ChannelStats, Options, standardize
 from fedcomm.data.datasets.registry import register
 from fedcomm.data.datasets.verify import check_md5, not_found, reading
 from fedcomm.data.types import Dataset
@@ -67,7 +67,7 @@ def _load_cifar(
     classes: int,
     root: Path | None,
     verify: bool,
-    normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+    normalize: ChannelStats | None = None,
 ) -> Dataset:
     """Pool CIFAR pickles: x ``(n, 3, 32, 32)`` float32 in [0, 1] (``normalize``: standardized
     per channel, see :func:`~fedcomm.data.datasets.options.standardize`)."""

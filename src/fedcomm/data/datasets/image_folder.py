@@ -23,7 +23,7 @@ import numpy as np
 
 from fedcomm.data.datasets.image_cache import cache_key, load_pixels
 from fedcomm.data.datasets.image_files import MODES, SPLITS, Listing, content_digests, list_images
-from fedcomm.data.datasets.options import Options, standardize
+from fedcomm.data.datasets.options import ChannelStats, Options, standardize
 from fedcomm.data.datasets.registry import register
 from fedcomm.data.datasets.verify import damaged, not_found
 from fedcomm.data.types import Dataset
@@ -84,7 +84,7 @@ def load_image_folder(
     size: Sequence[int] | None = None,
     verify: bool = True,
     cache: bool = True,
-    normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+    normalize: ChannelStats | None = None,
 ) -> Dataset:
     """The ImageFolder dataset at ``root / path`` (see the module docstring).
 

@@ -7,6 +7,9 @@ from typing import Any
 
 import numpy as np
 
+#: per-channel ``(mean, std)`` of the ``normalize`` option (one number per channel each)
+ChannelStats = tuple[Sequence[float], Sequence[float]]
+
 
 class Options:
     """Typed access to a loader's options; rejects unknown names and ill-typed values."""
@@ -83,9 +86,7 @@ class Options:
         return mean, std
 
 
-def standardize(
-    x: np.ndarray, stats: tuple[Sequence[float], Sequence[float]] | None, dataset: str
-) -> np.ndarray:
+def standardize(x: np.ndarray, stats: ChannelStats | None, dataset: str) -> np.ndarray:
     """``(x − mean_c) / std_c`` per channel of ``x (n, C, H, W)``, in place (torchvision's
     ``Normalize``); ``stats`` None: ``x`` unchanged. The channel counts must agree."""
     if stats is None:
