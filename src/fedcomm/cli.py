@@ -255,7 +255,7 @@ def verdicts(
             typer.echo(f"wrote {json_out}")
     if write is None and check is None:
         shown = blocks(registry, decided, claims.parent)
-        typer.echo(f"{shown['verdicts']}\n\n{shown['checks']}")
+        typer.echo("\n\n".join(text for text in shown.values() if text))
     if stale:
         typer.echo(stale, nl=False)
         typer.echo(f"error: {check}: the verdict tables are not what {claims} gives", err=True)

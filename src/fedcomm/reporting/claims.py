@@ -221,7 +221,7 @@ def decide(registry: Registry) -> list[Decided]:
 
 def verdicts_json(registry: Registry, decided: list[Decided]) -> dict[str, Any]:
     """The registry's numbers for ``--json``: the rule, every behaviour's paired comparison and
-    verdict, and the checks."""
+    verdict, the checks and the claims not tested here."""
     behaviours: list[Mapping[str, Any]] = []
     for dec in decided:
         beh = dec.behaviour
@@ -244,4 +244,5 @@ def verdicts_json(registry: Registry, decided: list[Decided]) -> dict[str, Any]:
         "rule": registry.rule.model_dump(),
         "behaviours": behaviours,
         "checks": [c.model_dump() for c in registry.checks],
+        "untested": [u.model_dump() for u in registry.untested],
     }

@@ -2,8 +2,10 @@
 per-seed numbers for each come from, and their verdicts by the rule of :mod:`.verdict`.
 
 The file holds ``rule`` (``alpha``, ``last_k``), ``behaviours`` (claims about what an algorithm
-does: each a paired comparison of two arms, decided over seeds) and ``checks`` (counts and
-calibrated numbers: compared, never counted as reproduced behaviours). Each arm reads one source:
+does: each a paired comparison of two arms, decided over seeds), ``checks`` (counts and
+calibrated numbers: compared, never counted as reproduced behaviours) and ``untested`` (claims
+that this machine cannot test at all, e.g. their dataset is not here: listed with what would
+test them, never decided and never counted). Each arm reads one source:
 
 - ``curves: <csv>`` + ``run`` [+ ``seeds``, ``at_round``]: a long curves table (``run``,
   ``seed``, ``round``, metric columns); final = mean of the last ``last_k`` evaluations; or
@@ -152,6 +154,23 @@ class Check(_Strict):
     _as_text = field_validator("paper_value", "fedcomm_value", mode="before")(_text)
 
 
+class Untested(_Strict):
+    """A claim that cannot be tested here (``needs``: what would test it: a dataset that is not
+    on this machine, an accelerator). It has no verdict and is not a behaviour of the headline;
+    a claim that only waits for runs stays a behaviour with ``pending`` arms."""
+
+    id: str = Field(pattern=r"^[a-z0-9-]+$")
+    paper: Paper
+    page: str
+    claim: str
+    paper_value: str
+    setting: str
+    needs: str = Field(min_length=1)
+    note: str = ""
+
+    _as_text = field_validator("paper_value", mode="before")(_text)
+
+
 @dataclass(frozen=True)
 class Registry:
     """A validated claims file; ``root`` is its folder (paths inside are relative to it)."""
@@ -160,6 +179,7 @@ class Registry:
     rule: Rule
     behaviours: tuple[Behaviour, ...]
     checks: tuple[Check, ...]
+    untested: tuple[Untested, ...] = ()
 
     @property
     def root(self) -> Path:
@@ -201,11 +221,12 @@ def load_registry(path: Path) -> Registry:
     except yaml.YAMLError as err:
         raise ClaimsError(f"{path}: not valid YAML ({one_line(err)})") from None
     if not isinstance(doc, dict):
-        raise ClaimsError(f"{path}: expected a mapping with rule, behaviours, checks")
-    unknown = sorted(set(doc) - {"rule", "behaviours", "checks"})
+        raise ClaimsError(f"{path}: expected a mapping with rule, behaviours, checks[, untested]")
+    unknown = sorted(set(doc) - {"rule", "behaviours", "checks", "untested"})
     if unknown:
         raise ClaimsError(
-            f"{path}: unknown top-level key(s) {unknown} (allowed: rule, behaviours, checks)"
+            f"{path}: unknown top-level key(s) {unknown} "
+            "(allowed: rule, behaviours, checks, untested)"
         )
     try:
         rule = Rule.model_validate(doc.get("rule") or {})
@@ -214,7 +235,12 @@ def load_registry(path: Path) -> Registry:
             _entry_error(path, "rule", 0, {}, err, Rule).replace("rule[0]", "rule")
         ) from None
     entries: dict[str, list[Any]] = {}
-    for section, model in (("behaviours", Behaviour), ("checks", Check)):
+    sections: tuple[tuple[str, type[BaseModel]], ...] = (
+        ("behaviours", Behaviour),
+        ("checks", Check),
+        ("untested", Untested),
+    )
+    for section, model in sections:
         raw_list = doc.get(section) or []
         if not isinstance(raw_list, list):
             raise ClaimsError(f"{path}: `{section}` must be a list of entries")
@@ -226,7 +252,7 @@ def load_registry(path: Path) -> Registry:
                 raise ClaimsError(_entry_error(path, section, i, raw, err, model)) from None
         entries[section] = out
     seen: set[str] = set()
-    for entry in [*entries["behaviours"], *entries["checks"]]:
+    for entry in [*entries["behaviours"], *entries["checks"], *entries["untested"]]:
         if entry.id in seen:
             raise ClaimsError(f"{path}: id {entry.id}: used twice (ids must be unique)")
         seen.add(entry.id)
@@ -234,4 +260,10 @@ def load_registry(path: Path) -> Registry:
             raise ClaimsError(
                 f"{path}: id {entry.id}: page: {entry.page!r} is not a file beside it"
             )
-    return Registry(path, rule, tuple(entries["behaviours"]), tuple(entries["checks"]))
+    return Registry(
+        path,
+        rule,
+        tuple(entries["behaviours"]),
+        tuple(entries["checks"]),
+        tuple(entries["untested"]),
+    )

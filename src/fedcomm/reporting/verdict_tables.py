@@ -1,9 +1,11 @@
 """The claims registry as markdown: the behaviours table with its headline, the checks table,
-and the marked blocks of a page they fill (``fedcomm verdicts --write/--check``).
+the table of claims not tested here, and the marked blocks of a page they fill
+(``fedcomm verdicts --write/--check``).
 
 A page carries ``<!-- verdicts:begin -->`` … ``<!-- verdicts:end -->`` (the headline and the
-behaviours table) and ``<!-- checks:begin -->`` … ``<!-- checks:end -->`` (the checks table);
-everything outside the markers is left as it is.
+behaviours table), ``<!-- checks:begin -->`` … ``<!-- checks:end -->`` (the checks table) and,
+when the registry has ``untested`` claims, ``<!-- untested:begin -->`` … ``<!-- untested:end
+-->``; everything outside the markers is left as it is.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fedcomm.reporting.verdict import (
 MARKERS = {
     "verdicts": ("<!-- verdicts:begin -->", "<!-- verdicts:end -->"),
     "checks": ("<!-- checks:begin -->", "<!-- checks:end -->"),
+    "untested": ("<!-- untested:begin -->", "<!-- untested:end -->"),
 }
 
 
@@ -133,20 +136,48 @@ def checks_table(registry: Registry, base: Path) -> str:
     return "\n".join(rows)
 
 
+def untested_table(registry: Registry, base: Path) -> str:
+    """The markdown table of the claims that cannot be tested here, with what would test them."""
+    rows = [
+        "| Paper | Claim | Paper's number | What would test it | Note |",
+        "|---|---|---:|---|---|",
+    ]
+    for u in registry.untested:
+        link = _page_link(registry, u.page, base)
+        claim = f"{_cell(u.claim)}<br>*{_cell(u.setting)}*"
+        rows.append(
+            f"| [{u.paper}]({link}) | {claim} | {_cell(u.paper_value)} | {_cell(u.needs)} "
+            f"| {_cell(u.note)} |"
+        )
+    return "\n".join(rows)
+
+
 def blocks(registry: Registry, decided: list[Decided], base: Path) -> dict[str, str]:
-    """The text of each marked block: ``{"verdicts": headline + table, "checks": table}``."""
+    """The text of each marked block: ``{"verdicts": headline + table, "checks": table,
+    "untested": table}`` (``""`` when the registry has no untested claims)."""
+    head = f"{headline(decided)}."
+    n = len(registry.untested)
+    if n:
+        head += (
+            f" {n} {'claim is' if n == 1 else 'claims are'} not tested here (no data or "
+            "accelerator on this machine; not counted, listed under the checks)."
+        )
     return {
-        "verdicts": f"{headline(decided)}.\n\n{behaviours_table(registry, decided, base)}",
+        "verdicts": f"{head}\n\n{behaviours_table(registry, decided, base)}",
         "checks": checks_table(registry, base),
+        "untested": untested_table(registry, base) if n else "",
     }
 
 
 def fill(text: str, contents: dict[str, str], name: Path) -> str:
     """``text`` with the content between each pair of markers replaced; :class:`InputError`
-    naming the missing markers of file ``name`` if any is absent (or out of order)."""
+    naming the missing markers of file ``name`` if any is absent (or out of order). A block with
+    no content (no untested claims) needs no markers; where it has them, it is emptied."""
     missing = []
     for block, (begin, end) in MARKERS.items():
         i, j = text.find(begin), text.find(end)
+        if i < 0 and j < 0 and not contents.get(block):
+            continue  # an empty block needs no markers
         if i < 0 or j < i:
             missing += [m for m in (begin, end) if m not in text] or [f"{begin} before {end}"]
             continue

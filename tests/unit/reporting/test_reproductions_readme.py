@@ -80,6 +80,21 @@ def test_every_check_is_in_the_checks_table_and_only_there(registry: Registry) -
         assert " ".join(check.what.split()) not in behaviour_rows, check.id
 
 
+def test_untested_claims_are_in_their_table_only(registry: Registry) -> None:
+    """A claim this machine cannot test is listed with what would test it, never in the
+    behaviours table (so never counted), and its page names it without a verdict."""
+    text = README.read_text(encoding="utf-8")
+    rows = _rows(_block(text, "untested"))
+    assert len(rows) == len(registry.untested)
+    behaviour_rows = "\n".join(_rows(_block(text, "verdicts")))
+    for row, claim in zip(rows, registry.untested, strict=True):
+        assert " ".join(claim.claim.split()) in row and _bold_verdicts(row) == [], claim.id
+        assert " ".join(claim.claim.split()) not in behaviour_rows, claim.id
+        page = (DOCS / claim.page).read_text(encoding="utf-8")
+        lines = [line for line in page.splitlines() if f"`{claim.id}`" in line]
+        assert lines and all(_bold_verdicts(line) == [] for line in lines), claim.id
+
+
 def test_headline_counts_behaviours_only(registry: Registry, decided: list[Decided]) -> None:
     block = _block(README.read_text(encoding="utf-8"), "verdicts")
     found = re.search(

@@ -335,6 +335,64 @@ def test_verdicts_prints_both_tables(tmp_path: Path) -> None:
     assert "| Paper | Check | Kind |" in result.output
 
 
+UNTESTED = [
+    {
+        "id": "fmnist",
+        "paper": "FedBIAD",
+        "page": "fedbiad.md",
+        "claim": "FMNIST gain",
+        "paper_value": 2.4,
+        "setting": "Fashion-MNIST",
+        "needs": "Fashion-MNIST data",
+    }
+]
+UNTESTED_MARKERS = "<!-- untested:begin -->\nstale\n<!-- untested:end -->\n"
+
+
+def test_untested_claims_are_listed_never_decided_or_counted(tmp_path: Path) -> None:
+    claims = _registry(tmp_path, BEHAVIOURS, untested=UNTESTED)
+    reg = load_registry(claims)
+    assert [u.id for u in reg.untested] == ["fmnist"] and reg.untested[0].paper_value == "2.4"
+    assert len(decide(reg)) == len(BEHAVIOURS)
+    page = tmp_path / "README.md"
+    page.write_text(PAGE)
+    runner = CliRunner()
+    result = runner.invoke(app, ["verdicts", str(claims), "--write", str(page)])
+    assert result.exit_code == 2 and "<!-- untested:begin -->" in result.output
+    assert page.read_text() == PAGE  # untouched
+    page.write_text(PAGE + UNTESTED_MARKERS)
+    result = runner.invoke(app, ["verdicts", str(claims), "--write", str(page)])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert "2 of 3 behaviours reproduced by the rule" in text and "stale" not in text
+    assert "1 claim is not tested here" in text
+    row = "| [FedBIAD](fedbiad.md) | FMNIST gain<br>*Fashion-MNIST* | 2.4 | Fashion-MNIST data |  |"
+    assert row in text
+    assert runner.invoke(app, ["verdicts", str(claims), "--check", str(page)]).exit_code == 0
+    # once there are none, the block is emptied and the headline says nothing of them
+    plain = _registry(tmp_path, BEHAVIOURS)
+    assert runner.invoke(app, ["verdicts", str(plain), "--write", str(page)]).exit_code == 0
+    text = page.read_text()
+    assert "<!-- untested:begin -->\n\n<!-- untested:end -->" in text
+    assert "not tested here" not in text
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"id": "curves-case"}, "id curves-case: used twice"),
+        ({"needs": ""}, "untested[0] (id fmnist): needs: String should have at least 1 character"),
+        ({"metric": "x"}, "untested[0] (id fmnist): metric: unknown key"),
+    ],
+)
+def test_a_bad_untested_claim_is_one_line(
+    tmp_path: Path, change: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ClaimsError) as err:
+        load_registry(_registry(tmp_path, BEHAVIOURS, untested=[{**UNTESTED[0], **change}]))
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
 CAP_CSV = """run,seed,round,global_accuracy,comm_cum_gib,comm_cum_up_bytes
 dense,0,1,0.50,1.0,536870912
 dense,0,2,0.80,2.0,1073741824
