@@ -120,36 +120,43 @@ def headline(decided: list[Decided]) -> str:
     return text + ")"
 
 
+def _table(header: str, rule: str, rows: list[list[str]]) -> str:
+    """A markdown table: the header and rule lines, then one line per row of cells."""
+    return "\n".join([header, rule, *("| " + " | ".join(cells) + " |" for cells in rows)])
+
+
 def checks_table(registry: Registry, base: Path) -> str:
     """The markdown table of the checks (counts and calibrated numbers)."""
     rows = [
-        "| Paper | Check | Kind | Paper's number | fedcomm | Agrees | Note |",
-        "|---|---|---|---:|---:|---|---|",
+        [
+            f"[{c.paper}]({_page_link(registry, c.page, base)})",
+            _cell(c.what),
+            c.kind,
+            _cell(c.paper_value),
+            _cell(c.fedcomm_value),
+            "yes" if c.agrees else "**no**",
+            _cell(c.note + (f" Settled by {c.settled_by}." if c.settled_by else "")),
+        ]
+        for c in registry.checks
     ]
-    for c in registry.checks:
-        link = _page_link(registry, c.page, base)
-        note = c.note + (f" Settled by {c.settled_by}." if c.settled_by else "")
-        rows.append(
-            f"| [{c.paper}]({link}) | {_cell(c.what)} | {c.kind} | {_cell(c.paper_value)} "
-            f"| {_cell(c.fedcomm_value)} | {'yes' if c.agrees else '**no**'} | {_cell(note)} |"
-        )
-    return "\n".join(rows)
+    header = "| Paper | Check | Kind | Paper's number | fedcomm | Agrees | Note |"
+    return _table(header, "|---|---|---|---:|---:|---|---|", rows)
 
 
 def untested_table(registry: Registry, base: Path) -> str:
     """The markdown table of the claims that cannot be tested here, with what would test them."""
     rows = [
-        "| Paper | Claim | Paper's number | What would test it | Note |",
-        "|---|---|---:|---|---|",
+        [
+            f"[{u.paper}]({_page_link(registry, u.page, base)})",
+            f"{_cell(u.claim)}<br>*{_cell(u.setting)}*",
+            _cell(u.paper_value),
+            _cell(u.needs),
+            _cell(u.note),
+        ]
+        for u in registry.untested
     ]
-    for u in registry.untested:
-        link = _page_link(registry, u.page, base)
-        claim = f"{_cell(u.claim)}<br>*{_cell(u.setting)}*"
-        rows.append(
-            f"| [{u.paper}]({link}) | {claim} | {_cell(u.paper_value)} | {_cell(u.needs)} "
-            f"| {_cell(u.note)} |"
-        )
-    return "\n".join(rows)
+    header = "| Paper | Claim | Paper's number | What would test it | Note |"
+    return _table(header, "|---|---|---:|---|---|", rows)
 
 
 def blocks(registry: Registry, decided: list[Decided], base: Path) -> dict[str, str]:
