@@ -4,9 +4,9 @@
 
 Reads the per-seed curves of the table's builds (pipeline/feddst_cifar10_caps.sh):
 ``docs/reproductions/data/feddst_cifar10_dense_s<seed>.csv`` (FedAvgM, FedProx) and
-``feddst_cifar10_sparse_s<seed>.csv`` (RandomMask, GraSP, PruneFL, FedDST), and, when present,
-the GraSP density ablation ``abl_feddst_cifar10_grasp_official_s<seed>.csv`` (the official
-code's GraSP: a mask at density S, pruned to 1 − S after round 1; ``official_density``).
+``feddst_cifar10_sparse_s<seed>.csv`` (RandomMask, GraSP, PruneFL, FedDST; seed 1's GraSP and
+PruneFL ran in a second build, ``feddst_cifar10_sparse_b_s1.csv``, on the same partition and
+seed, to share the CPU).
 
 Prints, per method, the best global accuracy within 4 GiB of upload + download of all clients
 (every round evaluated; the axis that fits the paper's Table 1 FedAvgM row) for each seed, mean
@@ -34,20 +34,21 @@ DATA = DOCS / "data"
 CAP_GIB = 4.0
 SEEDS = (0, 1, 2)
 # label: (curves file pattern, run label, the paper's best within 4 GiB, Table 2)
+DENSE = "feddst_cifar10_dense_s{seed}.csv"
+SPARSE = "feddst_cifar10_sparse*_s{seed}.csv"  # seed 1's sparse runs ran as two builds (a, b)
 METHODS = {
-    "FedAvgM": ("feddst_cifar10_dense_s{seed}.csv", "fedavgm", 24.43),
-    "FedProx (μ 1)": ("feddst_cifar10_dense_s{seed}.csv", "fedprox", 23.54),
-    "RandomMask": ("feddst_cifar10_sparse_s{seed}.csv", "randommask", 33.98),
-    "GraSP": ("feddst_cifar10_sparse_s{seed}.csv", "grasp", 15.68),
-    "GraSP, the code's density": (
-        "abl_feddst_cifar10_grasp_official_s{seed}.csv",
-        "grasp",
-        15.68,
-    ),
-    "PruneFL": ("feddst_cifar10_sparse_s{seed}.csv", "prunefl", 17.37),
-    "FedDST": ("feddst_cifar10_sparse_s{seed}.csv", "feddst", 35.41),
+    "FedAvgM": (DENSE, "fedavgm", 24.43),
+    "FedProx (μ 1)": (DENSE, "fedprox", 23.54),
+    "RandomMask": (SPARSE, "randommask", 33.98),
+    "GraSP": (SPARSE, "grasp", 15.68),
+    "PruneFL": (SPARSE, "prunefl", 17.37),
+    "FedDST": (SPARSE, "feddst", 35.41),
 }
 PLOT = DOCS / "feddst_cifar10_global_accuracy_vs_gib.png"
+# GraSP's density, one change (official_density: the code's mask at density S, trained one
+# round, then magnitude-pruned to 1 − S), the first ABLATION_ROUNDS rounds of the same seeds
+ABLATION = "abl_feddst_cifar10_grasp_official_s{seed}.csv"
+ABLATION_ROUNDS = 60
 
 
 def curves(pattern: str, run: str) -> dict[int, pl.DataFrame]:
@@ -55,13 +56,11 @@ def curves(pattern: str, run: str) -> dict[int, pl.DataFrame]:
     with the traffic columns named as in a run table (``cum_gib``, ``cum_up_bytes``)."""
     out = {}
     for seed in SEEDS:
-        path = DATA / pattern.format(seed=seed)
-        if not path.is_file():
-            continue
-        frame = pl.read_csv(path).filter(pl.col("run") == run)
-        if frame.height:
-            cum = [c for c in frame.columns if c.startswith("comm_cum_")]
-            out[seed] = frame.rename({c: c.removeprefix("comm_") for c in cum})
+        for path in sorted(DATA.glob(pattern.format(seed=seed))):
+            frame = pl.read_csv(path).filter(pl.col("run") == run)
+            if frame.height:
+                cum = [c for c in frame.columns if c.startswith("comm_cum_")]
+                out[seed] = frame.rename({c: c.removeprefix("comm_") for c in cum})
     return out
 
 
@@ -73,6 +72,37 @@ def best_within(frames: dict[int, pl.DataFrame]) -> dict[int, float]:
         if row["passed"] and row["best"] is not None:
             out[seed] = float(row["best"])
     return out
+
+
+def grasp_density(table: dict[int, pl.DataFrame]) -> None:
+    """GraSP at the code's density against the default, paired per seed, over the first
+    ``ABLATION_ROUNDS`` rounds: final = the mean of the last 5 evaluations, and the best."""
+    official = curves(ABLATION, "grasp")
+    if not official:
+        return
+    print(f"\nGraSP's density, one change, rounds 1-{ABLATION_ROUNDS} (global accuracy, %)\n")
+    print("| GraSP | " + " | ".join(f"seed {s}" for s in SEEDS) + " |")
+    print("|---|" + "---:|" * len(SEEDS))
+    arms: dict[str, dict[str, dict[int, float]]] = {}
+    default, code = "default (mask at 1 − S)", "the code's density"
+    for label, frames in ((default, table), (code, official)):
+        arms[label] = {"final": {}, "best": {}}
+        for seed, frame in frames.items():
+            acc = frame.filter(pl.col("round") <= ABLATION_ROUNDS).sort("round")["global_accuracy"]
+            if frame["round"].max() >= ABLATION_ROUNDS:  # type: ignore[operator]
+                arms[label]["final"][seed] = float(acc.drop_nulls().tail(5).mean())  # type: ignore[arg-type]
+                arms[label]["best"][seed] = float(acc.max())  # type: ignore[arg-type]
+        for what in ("final", "best"):
+            got = arms[label][what]
+            cells = [f"{100 * got[s]:.2f}" if s in got else "–" for s in SEEDS]
+            print(f"| {label}, {what} | " + " | ".join(cells) + " |")
+    for what in ("final", "best"):
+        p = paired(arms[code][what], arms[default][what], scale=100)
+        if p.mean is not None and p.se is not None and p.t is not None:
+            print(
+                f"\nthe code's density − default, {what}, n = {p.n}: {p.mean:+.2f} ± {p.se:.2f} "
+                f"(t {p.t:.2f}, {p.df} df): {p.verdict}"
+            )
 
 
 def plot(frames: dict[str, dict[int, pl.DataFrame]]) -> None:
@@ -118,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 vs = f"{p.mean:+.2f} (n = {p.n}): {p.verdict}"
         paper = METHODS[label][2]
         print(f"| {label} | {' | '.join(cells)} | {mine} | {paper:.2f} | {vs} |")
+    grasp_density(frames["GraSP"])
     if args.plot:
         plot(frames)
     return 0
