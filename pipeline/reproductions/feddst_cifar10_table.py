@@ -137,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         mine = "–"
         if per_seed:
             col = pl.Series(list(per_seed.values())) * 100
-            se = col.std() / len(col) ** 0.5 if len(col) > 1 else 0.0
-            mine = f"{col.mean():.2f} ± {se:.2f} (n = {len(col)})"
+            mine = f"{col.mean():.2f} (n = 1)"
+            if len(col) > 1:
+                mine = f"{col.mean():.2f} ± {col.std() / len(col) ** 0.5:.2f} (n = {len(col)})"
         vs = "–"
         if label != "FedDST" and best["FedDST"] and per_seed:
             p = paired(best["FedDST"], per_seed, scale=100)
