@@ -57,7 +57,7 @@ def curves(pattern: str, run: str) -> dict[int, pl.DataFrame]:
     out = {}
     for seed in SEEDS:
         for path in sorted(DATA.glob(pattern.format(seed=seed))):
-            frame = pl.read_csv(path).filter(pl.col("run") == run)
+            frame = pl.read_csv(path, infer_schema_length=None).filter(pl.col("run") == run)
             if frame.height:
                 cum = [c for c in frame.columns if c.startswith("comm_cum_")]
                 out[seed] = frame.rename({c: c.removeprefix("comm_") for c in cum})
