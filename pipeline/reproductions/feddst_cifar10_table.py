@@ -6,13 +6,16 @@ Reads the per-seed curves of the table's builds (pipeline/feddst_cifar10_caps.sh
 ``docs/reproductions/data/feddst_cifar10_dense_s<seed>.csv`` (FedAvgM, FedProx) and
 ``feddst_cifar10_sparse_s<seed>.csv`` (RandomMask, GraSP, PruneFL, FedDST; seed 1's GraSP and
 PruneFL ran in a second build, ``feddst_cifar10_sparse_b_s1.csv``, on the same partition and
-seed, to share the CPU).
+seed, to share the CPU), and, when present, the GraSP density ablation
+``abl_feddst_cifar10_grasp_official_s<seed>.csv`` (one change, ``official_density``: the
+official code's GraSP, a mask at density S trained one round, then magnitude-pruned to 1 − S).
 
 Prints, per method, the best global accuracy within 4 GiB of upload + download of all clients
 (every round evaluated; the axis that fits the paper's Table 1 FedAvgM row) for each seed, mean
 ± standard error, and the paper's number; then the paired comparison FedDST − method by the
 decision rule (docs/reproductions/README.md), which ``claims.yaml`` decides again from the same
-files. A seed whose run has not passed the cap yet is left out (its best is only a best so far).
+files; and GraSP at the code's density against the default, paired the same way. A seed whose
+run has not passed the cap yet is left out (its best is only a best so far).
 With ``--plot``: docs/reproductions/feddst_cifar10_global_accuracy_vs_gib.png (mean ± SE over
 the seeds, up to the 4 GiB cap).
 """
@@ -41,14 +44,13 @@ METHODS = {
     "FedProx (μ 1)": (DENSE, "fedprox", 23.54),
     "RandomMask": (SPARSE, "randommask", 33.98),
     "GraSP": (SPARSE, "grasp", 15.68),
+    # GraSP's density, one change (official_density: the code's mask at density S, trained one
+    # round, then magnitude-pruned to 1 − S), the same seeds and settings
+    "GraSP, the code's density": ("abl_feddst_cifar10_grasp_official_s{seed}.csv", "grasp", 15.68),
     "PruneFL": (SPARSE, "prunefl", 17.37),
     "FedDST": (SPARSE, "feddst", 35.41),
 }
 PLOT = DOCS / "feddst_cifar10_global_accuracy_vs_gib.png"
-# GraSP's density, one change (official_density: the code's mask at density S, trained one
-# round, then magnitude-pruned to 1 − S), the first ABLATION_ROUNDS rounds of the same seeds
-ABLATION = "abl_feddst_cifar10_grasp_official_s{seed}.csv"
-ABLATION_ROUNDS = 60
 
 
 def curves(pattern: str, run: str) -> dict[int, pl.DataFrame]:
@@ -74,35 +76,14 @@ def best_within(frames: dict[int, pl.DataFrame]) -> dict[int, float]:
     return out
 
 
-def grasp_density(table: dict[int, pl.DataFrame]) -> None:
-    """GraSP at the code's density against the default, paired per seed, over the first
-    ``ABLATION_ROUNDS`` rounds: final = the mean of the last 5 evaluations, and the best."""
-    official = curves(ABLATION, "grasp")
-    if not official:
-        return
-    print(f"\nGraSP's density, one change, rounds 1-{ABLATION_ROUNDS} (global accuracy, %)\n")
-    print("| GraSP | " + " | ".join(f"seed {s}" for s in SEEDS) + " |")
-    print("|---|" + "---:|" * len(SEEDS))
-    arms: dict[str, dict[str, dict[int, float]]] = {}
-    default, code = "default (mask at 1 − S)", "the code's density"
-    for label, frames in ((default, table), (code, official)):
-        arms[label] = {"final": {}, "best": {}}
-        for seed, frame in frames.items():
-            acc = frame.filter(pl.col("round") <= ABLATION_ROUNDS).sort("round")["global_accuracy"]
-            if frame["round"].max() >= ABLATION_ROUNDS:  # type: ignore[operator]
-                arms[label]["final"][seed] = float(acc.drop_nulls().tail(5).mean())  # type: ignore[arg-type]
-                arms[label]["best"][seed] = float(acc.max())  # type: ignore[arg-type]
-        for what in ("final", "best"):
-            got = arms[label][what]
-            cells = [f"{100 * got[s]:.2f}" if s in got else "–" for s in SEEDS]
-            print(f"| {label}, {what} | " + " | ".join(cells) + " |")
-    for what in ("final", "best"):
-        p = paired(arms[code][what], arms[default][what], scale=100)
-        if p.mean is not None and p.se is not None and p.t is not None:
-            print(
-                f"\nthe code's density − default, {what}, n = {p.n}: {p.mean:+.2f} ± {p.se:.2f} "
-                f"(t {p.t:.2f}, {p.df} df): {p.verdict}"
-            )
+def paired_line(what: str, a: dict[int, float], b: dict[int, float]) -> str:
+    """``what, n = 3: +1.23 ± 0.45 (t 2.73, 2 df): verdict`` by the rule (a > b claimed)."""
+    p = paired(a, b, scale=100)
+    if p.mean is None:
+        return f"{what}: no common seed"
+    if p.se is None or p.t is None:
+        return f"{what}, n = {p.n}: {p.mean:+.2f}: {p.verdict}"
+    return f"{what}, n = {p.n}: {p.mean:+.2f} ± {p.se:.2f} (t {p.t:.2f}, {p.df} df): {p.verdict}"
 
 
 def plot(frames: dict[str, dict[int, pl.DataFrame]]) -> None:
@@ -142,14 +123,12 @@ def main(argv: list[str] | None = None) -> int:
                 mine = f"{col.mean():.2f} ± {col.std() / len(col) ** 0.5:.2f} (n = {len(col)})"
         vs = "–"
         if label != "FedDST" and best["FedDST"] and per_seed:
-            p = paired(best["FedDST"], per_seed, scale=100)
-            if p.mean is not None and p.se is not None and p.t is not None:
-                vs = f"{p.mean:+.2f} ± {p.se:.2f} (t {p.t:.2f}, {p.df} df): {p.verdict}"
-            elif p.mean is not None:
-                vs = f"{p.mean:+.2f} (n = {p.n}): {p.verdict}"
+            vs = paired_line("FedDST − " + label, best["FedDST"], per_seed).partition(", ")[2]
         paper = METHODS[label][2]
         print(f"| {label} | {' | '.join(cells)} | {mine} | {paper:.2f} | {vs} |")
-    grasp_density(frames["GraSP"])
+    code = best["GraSP, the code's density"]
+    if code:
+        print("\n" + paired_line("GraSP: the code's density − the default", code, best["GraSP"]))
     if args.plot:
         plot(frames)
     return 0
