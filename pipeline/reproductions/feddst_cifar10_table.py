@@ -76,14 +76,14 @@ def best_within(frames: dict[int, pl.DataFrame]) -> dict[int, float]:
     return out
 
 
-def paired_line(what: str, a: dict[int, float], b: dict[int, float]) -> str:
-    """``what, n = 3: +1.23 ± 0.45 (t 2.73, 2 df): verdict`` by the rule (a > b claimed)."""
+def paired_text(a: dict[int, float], b: dict[int, float]) -> str:
+    """``n = 3: +1.23 ± 0.45 (t 2.73, 2 df): verdict`` by the rule (a > b claimed)."""
     p = paired(a, b, scale=100)
     if p.mean is None:
-        return f"{what}: no common seed"
+        return "no common seed"
     if p.se is None or p.t is None:
-        return f"{what}, n = {p.n}: {p.mean:+.2f}: {p.verdict}"
-    return f"{what}, n = {p.n}: {p.mean:+.2f} ± {p.se:.2f} (t {p.t:.2f}, {p.df} df): {p.verdict}"
+        return f"n = {p.n}: {p.mean:+.2f}: {p.verdict}"
+    return f"n = {p.n}: {p.mean:+.2f} ± {p.se:.2f} (t {p.t:.2f}, {p.df} df): {p.verdict}"
 
 
 def plot(frames: dict[str, dict[int, pl.DataFrame]]) -> None:
@@ -123,12 +123,13 @@ def main(argv: list[str] | None = None) -> int:
                 mine = f"{col.mean():.2f} ± {col.std() / len(col) ** 0.5:.2f} (n = {len(col)})"
         vs = "–"
         if label != "FedDST" and best["FedDST"] and per_seed:
-            vs = paired_line("FedDST − " + label, best["FedDST"], per_seed).partition(", ")[2]
+            vs = paired_text(best["FedDST"], per_seed)
         paper = METHODS[label][2]
         print(f"| {label} | {' | '.join(cells)} | {mine} | {paper:.2f} | {vs} |")
     code = best["GraSP, the code's density"]
     if code:
-        print("\n" + paired_line("GraSP: the code's density − the default", code, best["GraSP"]))
+        what = "GraSP: the code's density − the default"
+        print(f"\n{what}, {paired_text(code, best['GraSP'])}")
     if args.plot:
         plot(frames)
     return 0
