@@ -38,6 +38,7 @@ CAP_GIB = 4.0
 SEEDS = (0, 1, 2)
 # label: (curves file pattern, run label, the paper's best within 4 GiB, Table 2)
 DENSE = "feddst_cifar10_dense_s{seed}.csv"
+CODE_DENSITY = "GraSP, the code's density"  # an ablation row: in the table, not in the plot
 SPARSE = "feddst_cifar10_sparse*_s{seed}.csv"  # seed 1's sparse runs ran as two builds (a, b)
 METHODS = {
     "FedAvgM": (DENSE, "fedavgm", 24.43),
@@ -46,7 +47,7 @@ METHODS = {
     "GraSP": (SPARSE, "grasp", 15.68),
     # GraSP's density, one change (official_density: the code's mask at density S, trained one
     # round, then magnitude-pruned to 1 − S), the same seeds and settings
-    "GraSP, the code's density": ("abl_feddst_cifar10_grasp_official_s{seed}.csv", "grasp", 15.68),
+    CODE_DENSITY: ("abl_feddst_cifar10_grasp_official_s{seed}.csv", "grasp", 15.68),
     "PruneFL": (SPARSE, "prunefl", 17.37),
     "FedDST": (SPARSE, "feddst", 35.41),
 }
@@ -96,7 +97,7 @@ def plot(frames: dict[str, dict[int, pl.DataFrame]]) -> None:
             for f in per_seed.values()
         ]
         for label, per_seed in frames.items()
-        if per_seed
+        if per_seed and label != CODE_DENSITY
     }
     title = f"FedDST Table 2 on CIFAR-10, up to {CAP_GIB:g} GiB (mean ± SE over seeds)"
     plot_accuracy_vs_gib(runs, PLOT, title=title)
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             vs = paired_text(best["FedDST"], per_seed)
         paper = METHODS[label][2]
         print(f"| {label} | {' | '.join(cells)} | {mine} | {paper:.2f} | {vs} |")
-    code = best["GraSP, the code's density"]
+    code = best[CODE_DENSITY]
     if code:
         what = "GraSP: the code's density − the default"
         print(f"\n{what}, {paired_text(code, best['GraSP'])}")
