@@ -56,14 +56,13 @@ PLOT = DOCS / "feddst_cifar10_global_accuracy_vs_gib.png"
 
 def curves(pattern: str, run: str) -> dict[int, pl.DataFrame]:
     """Per seed: the run's rows of its curves file (seeds without the file or run left out),
-    with the traffic columns named as in a run table (``cum_gib``, ``cum_up_bytes``)."""
+    as ``fedcomm curves`` wrote them."""
     out = {}
     for seed in SEEDS:
         for path in sorted(DATA.glob(pattern.format(seed=seed))):
             frame = pl.read_csv(path, infer_schema_length=None).filter(pl.col("run") == run)
             if frame.height:
-                cum = [c for c in frame.columns if c.startswith("comm_cum_")]
-                out[seed] = frame.rename({c: c.removeprefix("comm_") for c in cum})
+                out[seed] = frame
     return out
 
 
@@ -91,8 +90,8 @@ def plot(frames: dict[str, dict[int, pl.DataFrame]]) -> None:
     """Global accuracy against upload + download up to the cap, one curve per method."""
     runs = {
         label: [
-            f.filter(pl.col("cum_gib") <= CAP_GIB).rename(
-                {"cum_gib": "comm/cum_gib", "global_accuracy": "global/accuracy"}
+            f.filter(pl.col("comm_cum_gib") <= CAP_GIB).rename(
+                {"comm_cum_gib": "comm/cum_gib", "global_accuracy": "global/accuracy"}
             )
             for f in per_seed.values()
         ]

@@ -54,8 +54,6 @@ def best_within(patterns: tuple[str, ...], seeds: tuple[int, ...]) -> dict[int, 
             continue
         path = found[0]
         frame = pl.read_csv(path).filter(pl.col("run") == "fedavgm")
-        cum = [c for c in frame.columns if c.startswith("comm_cum_")]
-        frame = frame.rename({c: c.removeprefix("comm_") for c in cum})
         row = curves_at_caps(frame, "global_accuracy", [CAP_GIB], "up_down").row(0, named=True)
         if row["passed"] and row["best"] is not None:
             out[seed] = float(row["best"])

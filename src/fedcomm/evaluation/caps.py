@@ -35,12 +35,15 @@ CAP_AXIS_WORDS = {
 }
 
 
+_AXIS_COLUMNS = ("cum_up_bytes", "cum_bytes", "cum_gib")
+
+
 def axis_gib(frame: pl.DataFrame, axis: CapAxis) -> pl.Expr:
     """The cap axis of ``frame`` in GiB, as an expression (one value per row, cumulative).
 
     Args:
         frame: a run table (``cum_up_bytes``, ``cum_bytes``) or a curves table
-            (``cum_up_bytes``, ``cum_gib``).
+            (``cum_up_bytes``, ``cum_gib``; or ``comm_cum_*``, as ``fedcomm curves`` writes).
         axis: ``up_down`` or ``up`` (see the module docstring).
 
     Raises:
@@ -49,12 +52,14 @@ def axis_gib(frame: pl.DataFrame, axis: CapAxis) -> pl.Expr:
     if axis not in CAP_AXES:
         raise InputError(f"upload cap axis: {axis!r} is not an axis (allowed: {list(CAP_AXES)})")
     cols = frame.columns
-    if axis == "up" and "cum_up_bytes" in cols:
-        return pl.col("cum_up_bytes") / GIB
-    if axis == "up_down" and "cum_bytes" in cols:
-        return pl.col("cum_bytes") / GIB
-    if axis == "up_down" and "cum_gib" in cols:
-        return pl.col("cum_gib")
+    # a column under its run-table name, or as ``fedcomm curves`` writes it (``comm_`` prefix)
+    col = {n: next((c for c in (n, f"comm_{n}") if c in cols), None) for n in _AXIS_COLUMNS}
+    if axis == "up" and col["cum_up_bytes"]:
+        return pl.col(col["cum_up_bytes"]) / GIB
+    if axis == "up_down" and col["cum_bytes"]:
+        return pl.col(col["cum_bytes"]) / GIB
+    if axis == "up_down" and col["cum_gib"]:
+        return pl.col(col["cum_gib"])
     need = "cum_up_bytes" if axis == "up" else "cum_bytes or cum_gib"
     raise InputError(f"upload cap axis {axis!r}: the table lacks {need} (has {cols})")
 

@@ -149,8 +149,6 @@ def _best_within(frame: pl.DataFrame, src: Source, col: str) -> ArmValues:
     assert src.within_gib is not None
     axis: CapAxis = src.axis or "up_down"
     run = frame.filter(pl.col("run") == src.run)
-    named = {c: c.removeprefix("comm_") for c in run.columns if c.startswith("comm_cum_")}
-    run = run.rename({c: n for c, n in named.items() if n not in run.columns})
     table = curves_at_caps(run, col, [src.within_gib], axis)
     # only curves that go past the cap have a final best within it (a run that ended, or is
     # still training, inside the cap has a best so far): the other seeds are left out

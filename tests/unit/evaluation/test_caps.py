@@ -86,6 +86,13 @@ def test_curves_table_and_run_table_agree() -> None:
             assert got == best_within_cap(t, "global/accuracy", cap * MIB_GIB, axis)  # type: ignore[arg-type]
     got_gib = t.select(axis_gib(t, "up_down")).to_series().to_list()
     assert got_gib == pytest.approx([2 * MIB_GIB, 4 * MIB_GIB, 6 * MIB_GIB, 8 * MIB_GIB])
+    # the columns as the curves CSV of `fedcomm curves` names them (comm_ prefix) read the same
+    csv = c.rename({n: f"comm_{n}" for n in ("cum_up_bytes", "cum_gib") if n in c.columns})
+    assert csv.columns != c.columns
+    for cap in (1.0, 4.0):
+        for axis in ("up_down", "up"):
+            got = best_within_cap(csv, "global_accuracy", cap * MIB_GIB, axis)  # type: ignore[arg-type]
+            assert got == best_within_cap(c, "global_accuracy", cap * MIB_GIB, axis)  # type: ignore[arg-type]
 
 
 def test_curves_at_caps_one_row_per_run_seed_cap() -> None:
