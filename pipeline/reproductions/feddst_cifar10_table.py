@@ -9,6 +9,9 @@ PruneFL ran in a second build, ``feddst_cifar10_sparse_b_s1.csv``, on the same p
 seed, to share the CPU), and, when present, the GraSP density ablation
 ``abl_feddst_cifar10_grasp_official_s<seed>.csv`` (one change, ``official_density``: the
 official code's GraSP, a mask at density S trained one round, then magnitude-pruned to 1 − S).
+Seeds 0-2 hold every method; seeds 3 and 4 hold FedAvgM, FedProx, RandomMask and FedDST only (the
+rule's "where 3 seeds don't decide and a run is cheap, run 5": FedDST − FedProx and FedDST −
+RandomMask were undecided at n = 3); a seed without a method's run shows '–'.
 
 Prints, per method, the best global accuracy within 4 GiB of upload + download of all clients
 (every round evaluated; the axis that fits the paper's Table 1 FedAvgM row) for each seed, mean
@@ -35,7 +38,7 @@ from fedcomm.reporting.verdict import paired
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reproductions"
 DATA = DOCS / "data"
 CAP_GIB = 4.0
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
 # label: (curves file pattern, run label, the paper's best within 4 GiB, Table 2)
 DENSE = "feddst_cifar10_dense_s{seed}.csv"
 CODE_DENSITY = "GraSP, the code's density"  # an ablation row: in the table, not in the plot
