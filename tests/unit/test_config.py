@@ -80,6 +80,7 @@ def test_tiny_params_validate() -> None:
         ({"train.device": "cuda:-1"}, "train.device: Input should be auto, cpu, cuda, cuda:N"),
         ({"train.precision": "fp8"}, "train.precision: Input should be 'fp32', 'bf16' or 'fp16'"),
         ({"partition.test_fraction": 1.0}, "partition.test_fraction"),
+        ({"partition.validation_fraction": -0.1}, "partition.validation_fraction"),
         ({"evaluate.targets": [1.5]}, "evaluate.targets.0"),
         ({"evaluate.upload_caps_gib": [1.0, 0.0]}, "evaluate.upload_caps_gib.1"),
         (
@@ -160,7 +161,7 @@ def test_partition_configs_match_the_partitioner_registry() -> None:
     from fedcomm.config import partition
     from fedcomm.data.partitioners import PARTITIONERS
 
-    common = {"kind", "num_partitions", "test_fraction", "seed"}
+    common = {"kind", "num_partitions", "test_fraction", "seed", "validation_fraction"}
     covered = set()
     for cls in typing.get_args(typing.get_args(partition.PartitionConfig)[0]):
         (kind,) = typing.get_args(cls.model_fields["kind"].annotation)

@@ -13,6 +13,13 @@ from fedcomm.config.base import Strict
 class _Partition(Strict):
     test_fraction: float = Field(0.2, ge=0, lt=1, description="per-client test share")
     seed: int = Field(0, ge=0)
+    validation_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of each client's train rows held out for tuning; when > 0 they are "
+        "evaluated in place of the test rows, which are then never read",
+    )
 
 
 class IidPartition(_Partition):

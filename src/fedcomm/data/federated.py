@@ -49,6 +49,13 @@ class PartitionSpec:
             must be 0 for a partitioner that picks test rows itself (``lotteryfl``).
         seed: non-negative seed; the stream ``(seed, PARTITION)`` partitions and
             ``(seed, SPLIT, client_id)`` splits each client (:mod:`fedcomm.seeding`).
+        validation_fraction: share of each client's *train* rows held out as its validation
+            split, in [0, 1). When > 0 the validation rows take the place of the test rows
+            (evaluation reads them) and the test rows are left out of the partition entirely,
+            so a recipe tuned on this partition never sees a test row. The train/test cut is
+            the one of ``validation_fraction = 0`` (same streams); the validation rows come
+            from the stream ``(seed, SPLIT, client_id, 1)``. 0 (default) leaves the spec's
+            dict, and so every existing partition hash, unchanged.
     """
 
     kind: str
@@ -56,23 +63,31 @@ class PartitionSpec:
     params: Mapping[str, Any] = field(hash=False)
     test_fraction: float
     seed: int
+    validation_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))  # read-only
         if not 0 <= self.test_fraction < 1:
             raise PartitionError(f"test_fraction must be in [0, 1), got {self.test_fraction!r}")
+        if not 0 <= self.validation_fraction < 1:
+            raise PartitionError(
+                f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise PartitionError(f"seed must be an integer >= 0, got {self.seed!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON-ready values (numpy scalars and tuples converted)."""
-        return {
+        out = {
             "kind": self.kind,
             "num_partitions": self.num_partitions,
             "params": _jsonable(self.params),
             "test_fraction": self.test_fraction,
             "seed": self.seed,
         }
+        if self.validation_fraction:  # absent at 0: the hashes of earlier partitions stand
+            out["validation_fraction"] = self.validation_fraction
+        return out
 
 
 def _jsonable(value: Any) -> Any:
@@ -250,12 +265,29 @@ def make_partition(dataset: Dataset, spec: PartitionSpec) -> Partition:
             )
             for client, rows in enumerate(parts)
         ]
+    if spec.validation_fraction:
+        splits = [
+            _validation_split(dataset.labels, train, spec, client)
+            for client, (train, _) in enumerate(splits)
+        ]
     return Partition(
         hash=partition_hash(dataset.fingerprint(), spec),
         client_ids=np.arange(len(splits), dtype=np.int64),
         train=tuple(frozen_rows(train) for train, _ in splits),
         test=tuple(frozen_rows(test) for _, test in splits),
         num_classes=dataset.num_classes,
+    )
+
+
+def _validation_split(
+    labels: np.ndarray, train: np.ndarray, spec: PartitionSpec, client: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train - validation, validation)`` of one client; its test rows are dropped."""
+    return train_test_split(
+        labels,
+        train,
+        test_fraction=spec.validation_fraction,
+        rng=numpy_rng(spec.seed, Stream.SPLIT, client, 1),
     )
 
 

@@ -15,8 +15,12 @@ from fedcomm.stages.paths import Paths
 
 def partition_spec(params: Params) -> PartitionSpec:
     cfg = params.partition
-    fields = cfg.model_dump(exclude={"kind", "num_partitions", "test_fraction", "seed"})
-    return PartitionSpec(cfg.kind, cfg.num_partitions, fields, cfg.test_fraction, cfg.seed)
+    fields = cfg.model_dump(
+        exclude={"kind", "num_partitions", "test_fraction", "seed", "validation_fraction"}
+    )
+    return PartitionSpec(
+        cfg.kind, cfg.num_partitions, fields, cfg.test_fraction, cfg.seed, cfg.validation_fraction
+    )
 
 
 def load_data(params: Params) -> Dataset:

@@ -322,3 +322,31 @@ def test_write_refuses_partition_of_other_spec(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not match"):
         write_partition(part, data, tmp_path / "p", dataclasses.replace(SPEC, seed=5))
     assert not (tmp_path / "p").exists() and list(tmp_path.iterdir()) == []
+
+
+# --- validation split ---------------------------------------------------------------------
+
+
+def test_validation_split_replaces_test_rows_and_never_holds_one() -> None:
+    data = toy(n=600)
+    plain = make_partition(data, SPEC)
+    tuned = make_partition(data, dataclasses.replace(SPEC, validation_fraction=0.2))
+    assert tuned.hash != plain.hash
+    for train, val, full_train, test in zip(
+        tuned.train, tuned.test, plain.train, plain.test, strict=True
+    ):
+        # the validation rows come out of the client's train rows; its test rows are gone
+        np.testing.assert_array_equal(np.sort(np.concatenate([train, val])), full_train)
+        assert not set(val.tolist()) & set(test.tolist())
+        assert not set(train.tolist()) & set(test.tolist())
+        assert len(val) == int(np.floor(0.2 * len(full_train) + 0.5))
+    again = make_partition(data, dataclasses.replace(SPEC, validation_fraction=0.2))
+    assert_same(tuned, again)
+
+
+def test_validation_fraction_zero_keeps_the_hash_and_bad_values_are_refused() -> None:
+    assert "validation_fraction" not in SPEC.to_dict()
+    same = dataclasses.replace(SPEC, validation_fraction=0.0)
+    assert partition_hash("f", same) == partition_hash("f", SPEC)
+    with pytest.raises(PartitionError, match="validation_fraction must be in"):
+        dataclasses.replace(SPEC, validation_fraction=1.0)
