@@ -2,7 +2,9 @@
 per-seed numbers for each come from, and their verdicts by the rule of :mod:`.verdict`.
 
 The file holds ``rule`` (``alpha``, ``last_k``), ``behaviours`` (claims about what an algorithm
-does: each a paired comparison of two arms, decided over seeds), ``checks`` (counts and
+does: each a paired comparison of two arms, decided over seeds, with its design in a
+``protocol`` block: :mod:`.protocol`), ``diagnoses`` (the same form, for ablations and the
+second readings of a claim: decided, never counted), ``checks`` (counts and
 calibrated numbers: compared, never counted as reproduced behaviours) and ``untested`` (claims
 that this machine cannot test at all, e.g. their dataset is not here: listed with what would
 test them, never decided and never counted). Each arm reads one source:
@@ -31,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedcomm.errors import InputError, one_line
 from fedcomm.evaluation.caps import CapAxis
+from fedcomm.reporting.protocol import Protocol, check_arms
 from fedcomm.reporting.verdict import Direction
 
 ABLATIONS_FILE = "issue15_ablations.json"
@@ -126,6 +129,8 @@ class Behaviour(_Strict):
     a: Source
     b: Source
     setting: str
+    protocol: Protocol
+    headline: bool = False  # one of the paper's headline method claims (README, per paper)
     note: str = ""
     settled_by: SettledBy | None = None
 
@@ -137,6 +142,11 @@ class Behaviour(_Strict):
         if arm.label is None:
             raise ValueError("an arm needs a `label`")
         return arm
+
+    @model_validator(mode="after")
+    def _measures_what_it_states(self) -> Behaviour:
+        check_arms(self.protocol, self.a, self.b)
+        return self
 
 
 class Check(_Strict):
@@ -171,6 +181,14 @@ class Untested(_Strict):
     _as_text = field_validator("paper_value", mode="before")(_text)
 
 
+SECTIONS: dict[str, type[BaseModel]] = {
+    "behaviours": Behaviour,
+    "diagnoses": Behaviour,
+    "checks": Check,
+    "untested": Untested,
+}
+
+
 @dataclass(frozen=True)
 class Registry:
     """A validated claims file; ``root`` is its folder (paths inside are relative to it)."""
@@ -180,6 +198,7 @@ class Registry:
     behaviours: tuple[Behaviour, ...]
     checks: tuple[Check, ...]
     untested: tuple[Untested, ...] = ()
+    diagnoses: tuple[Behaviour, ...] = ()  # decided like behaviours, never in the headline
 
     @property
     def root(self) -> Path:
@@ -202,7 +221,8 @@ def _entry_error(
     first = err.errors()[0]
     key = _where(first["loc"])
     if first["type"] == "extra_forbidden":
-        what = f"unknown key (allowed: {_keys(Source if len(first['loc']) > 1 else model)})"
+        inner = {"protocol": Protocol}.get(str(first["loc"][0]), Source)
+        what = f"unknown key (allowed: {_keys(inner if len(first['loc']) > 1 else model)})"
     else:
         what = first["msg"].removeprefix("Value error, ")
         shown = first.get("input")
@@ -222,11 +242,10 @@ def load_registry(path: Path) -> Registry:
         raise ClaimsError(f"{path}: not valid YAML ({one_line(err)})") from None
     if not isinstance(doc, dict):
         raise ClaimsError(f"{path}: expected a mapping with rule, behaviours, checks[, untested]")
-    unknown = sorted(set(doc) - {"rule", "behaviours", "checks", "untested"})
+    unknown = sorted(set(doc) - {"rule", *SECTIONS})
     if unknown:
         raise ClaimsError(
-            f"{path}: unknown top-level key(s) {unknown} "
-            "(allowed: rule, behaviours, checks, untested)"
+            f"{path}: unknown top-level key(s) {unknown} (allowed: rule, {', '.join(SECTIONS)})"
         )
     try:
         rule = Rule.model_validate(doc.get("rule") or {})
@@ -235,12 +254,7 @@ def load_registry(path: Path) -> Registry:
             _entry_error(path, "rule", 0, {}, err, Rule).replace("rule[0]", "rule")
         ) from None
     entries: dict[str, list[Any]] = {}
-    sections: tuple[tuple[str, type[BaseModel]], ...] = (
-        ("behaviours", Behaviour),
-        ("checks", Check),
-        ("untested", Untested),
-    )
-    for section, model in sections:
+    for section, model in SECTIONS.items():
         raw_list = doc.get(section) or []
         if not isinstance(raw_list, list):
             raise ClaimsError(f"{path}: `{section}` must be a list of entries")
@@ -252,7 +266,7 @@ def load_registry(path: Path) -> Registry:
                 raise ClaimsError(_entry_error(path, section, i, raw, err, model)) from None
         entries[section] = out
     seen: set[str] = set()
-    for entry in [*entries["behaviours"], *entries["checks"], *entries["untested"]]:
+    for entry in [e for section in SECTIONS for e in entries[section]]:
         if entry.id in seen:
             raise ClaimsError(f"{path}: id {entry.id}: used twice (ids must be unique)")
         seen.add(entry.id)
@@ -266,4 +280,5 @@ def load_registry(path: Path) -> Registry:
         tuple(entries["behaviours"]),
         tuple(entries["checks"]),
         tuple(entries["untested"]),
+        tuple(entries["diagnoses"]),
     )

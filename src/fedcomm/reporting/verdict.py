@@ -220,11 +220,14 @@ def paired(
     margin: float = 0.0,
     alpha: float = 0.05,
     scale: float = 1.0,
+    t_crit: float | None = None,
 ) -> Paired:
     """Decide "a − b > margin" (or ``< margin``) over the seeds both ``a`` and ``b`` have.
 
     ``a`` and ``b`` are per-seed values; the differences are taken per seed and multiplied by
     ``scale`` (e.g. 100 for accuracy points), and ``margin`` is in those shown units.
+    ``t_crit`` replaces the fixed-n critical value (a group-sequential design's bound for this
+    look, :mod:`.sequential`).
     """
     seeds = tuple(sorted(set(a) & set(b)))
     d = tuple(scale * (a[s] - b[s]) for s in seeds)
@@ -240,7 +243,7 @@ def paired(
     se = sd / math.sqrt(n)
     sign = 1.0 if direction == "greater" else -1.0
     excess = sign * (mean - margin)  # > 0: the claimed side of the margin
-    t_crit = t_critical(n - 1, alpha)
+    t_crit = t_critical(n - 1, alpha) if t_crit is None else t_crit
     if se > 0:
         t = (mean - margin) / se
     else:

@@ -2,10 +2,13 @@
 the table of claims not tested here, and the marked blocks of a page they fill
 (``fedcomm verdicts --write/--check``).
 
-A page carries ``<!-- verdicts:begin -->`` … ``<!-- verdicts:end -->`` (the headline and the
-behaviours table), ``<!-- checks:begin -->`` … ``<!-- checks:end -->`` (the checks table) and,
-when the registry has ``untested`` claims, ``<!-- untested:begin -->`` … ``<!-- untested:end
--->``; everything outside the markers is left as it is.
+A page carries ``<!-- verdicts:begin -->`` … ``<!-- verdicts:end -->`` (the headline, each
+paper's headline method claims and the behaviours table), ``<!-- checks:begin -->`` …
+``<!-- checks:end -->`` (the checks table) and, when the registry has them, ``<!--
+diagnoses:begin -->`` … (the diagnoses table) and ``<!-- untested:begin -->`` …; everything
+outside the markers is left as it is. Another page (the project's README) may carry only
+``<!-- headline:begin -->`` … ``<!-- headline:end -->``: the headline and the papers' headline
+method claims.
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from fedcomm.reporting.verdict import (
 MARKERS = {
     "verdicts": ("<!-- verdicts:begin -->", "<!-- verdicts:end -->"),
     "checks": ("<!-- checks:begin -->", "<!-- checks:end -->"),
+    "diagnoses": ("<!-- diagnoses:begin -->", "<!-- diagnoses:end -->"),
     "untested": ("<!-- untested:begin -->", "<!-- untested:end -->"),
 }
+HEADLINE_MARKERS = ("<!-- headline:begin -->", "<!-- headline:end -->")
+PAPERS = ("FedBIAD", "FedSparse", "FedDST", "ProgFed")
 
 
 def _cell(text: str) -> str:
@@ -57,37 +63,60 @@ def difference_text(p: Paired) -> str:
 
 
 def verdict_text(dec: Decided) -> str:
-    """The verdict, what decided it and which "final" was used."""
+    """The verdict, what decided it and which "final" was used (and, for a row outside the
+    headline, why)."""
     p = dec.paired
+    tail = "" if dec.standing.counted else f"; *{dec.standing.text()}*"
     if p is None:
         what = " ".join(s.pending for s in (dec.behaviour.a, dec.behaviour.b) if s.pending)
-        return f"**pending**: {what}" if what else "**pending**"
+        return (f"**pending**: {what}" if what else "**pending**") + tail
     final = f"final = {dec.final}"
+    if dec.waiting:
+        return f"**pending** ({dec.waiting}; {final}){tail}"
     if p.verdict == TOO_FEW:
-        return f"**too few seeds** (n = {p.n} < 3); {final}"
+        return f"**too few seeds** (n = {p.n} < 3); {final}{tail}"
     side = ">" if p.direction == "greater" else "<"
     crit = "" if p.t_crit is None else f"{'' if side == '>' else '−'}{p.t_crit:.3f}"
+    if dec.behaviour.protocol.looks:
+        looks = dec.behaviour.protocol.looks
+        crit += f", the bound of look {looks.index(p.n) + 1} of {len(looks)}"
     if p.verdict == REPRODUCED:
         why = f"t {side} {crit}" if p.se else f"SE 0, every d {side} {p.margin:g}"
     elif p.verdict == IN_DIRECTION:
         why = f"t short of {crit}"
     else:
         why = f"d {'≤' if side == '>' else '≥'} {p.margin:g}"
-    return f"**{p.verdict}** ({why}; {final})"
+    return f"**{p.verdict}** ({why}; {final}){tail}"
+
+
+def design_text(dec: Decided) -> str:
+    """The claim's registered design: n (or its looks), measure, cap, registration."""
+    pr = dec.behaviour.protocol
+    n = f"n {pr.n}" if not pr.looks else f"looks {'/'.join(map(str, pr.looks))} ({pr.spending})"
+    if pr.measure == "best_within_cap":
+        measure = f"best within {pr.cap_gib:g} GiB ({pr.axis or 'up_down'})"
+    elif pr.measure == "at_round":
+        measure = f"at round {'/'.join(map(str, pr.at_round or ()))}"
+    else:
+        measure = "final"
+    reg = "after its data" if pr.after_data else f"registered {pr.registered[:7]}"
+    return f"{n}; {measure}; {reg}"
 
 
 def _page_link(registry: Registry, page: str, base: Path) -> str:
     return os.path.relpath(registry.root / page, base).replace(os.sep, "/")
 
 
-def behaviours_table(registry: Registry, decided: list[Decided], base: Path) -> str:
-    """The markdown table of the behaviours; links to pages are relative to folder ``base``."""
+def behaviours_table(
+    registry: Registry, decided: list[Decided], base: Path, section: str = "behaviours"
+) -> str:
+    """The markdown table of one section's rows; links to pages are relative to ``base``."""
     rows = [
         "| Paper | Claim | Paper's number | fedcomm: a vs b, n, paired difference mean ± SE, "
-        "t (df) | Verdict | Note |",
-        "|---|---|---:|---|---|---|",
+        "t (df) | Verdict | Design | Sensitivity | Note |",
+        "|---|---|---:|---|---|---|---|---|",
     ]
-    for dec in decided:
+    for dec in (d for d in decided if d.section == section):
         beh = dec.behaviour
         link = _page_link(registry, beh.page, base)
         arms = f"{beh.a.label} vs {beh.b.label}"
@@ -100,24 +129,63 @@ def behaviours_table(registry: Registry, decided: list[Decided], base: Path) -> 
         note = beh.note + (f" Settled by {beh.settled_by}." if beh.settled_by else "")
         rows.append(
             f"| [{beh.paper}]({link}) | {claim} | {_cell(beh.paper_value)} | {_cell(numbers)} "
-            f"| {verdict_text(dec)} | {_cell(note)} |"
+            f"| {verdict_text(dec)} | {_cell(design_text(dec))} | {_cell(dec.sensitivity or '–')} "
+            f"| {_cell(note)} |"
         )
     return "\n".join(rows)
 
 
 def headline(decided: list[Decided]) -> str:
-    """ "N of M behaviours reproduced by the rule (K in direction, not significant; J not
-    reproduced; P pending)" (and the ones with too few seeds, when there are any)."""
-    count = {v: sum(d.verdict == v for d in decided) for v in (REPRODUCED, IN_DIRECTION)}
-    count |= {v: sum(d.verdict == v for d in decided) for v in (NOT_REPRODUCED, PENDING, TOO_FEW)}
+    """ "N of M counted behaviours reproduced by the rule (K in direction, not significant; J
+    not reproduced; P pending)", then how many rows are decided outside the headline and why."""
+    counted = [d for d in decided if d.standing.counted]
+    count = {v: sum(d.verdict == v for d in counted) for v in (REPRODUCED, IN_DIRECTION)}
+    count |= {v: sum(d.verdict == v for d in counted) for v in (NOT_REPRODUCED, PENDING, TOO_FEW)}
+    robust = sum(d.verdict == REPRODUCED and d.sensitivity.startswith("robust") for d in counted)
     text = (
-        f"{count[REPRODUCED]} of {len(decided)} behaviours reproduced by the rule "
-        f"({count[IN_DIRECTION]} in direction, not significant; "
+        f"{count[REPRODUCED]} of {len(counted)} counted behaviours reproduced by the rule "
+        f"({robust} of them robust; {count[IN_DIRECTION]} in direction, not significant; "
         f"{count[NOT_REPRODUCED]} not reproduced; {count[PENDING]} pending"
     )
     if count[TOO_FEW]:
         text += f"; {count[TOO_FEW]} with too few seeds"
-    return text + ")"
+    text += ")"
+    rows = [d for d in decided if d.section == "behaviours" and not d.standing.counted]
+    if rows:
+        why: dict[str, int] = {}
+        for d in rows:
+            for reason in d.standing.reasons:
+                why[reason] = why.get(reason, 0) + 1
+        reasons = "; ".join(f"{r}: {n}" for r, n in why.items())
+        are = "behaviour is" if len(rows) == 1 else "behaviours are"
+        text += (
+            f". {len(rows)} more {are} decided but not counted ({reasons}; "
+            f"{sum(d.verdict == REPRODUCED for d in rows)} of them reproduced)"
+        )
+    diagnoses = sum(d.section == "diagnoses" for d in decided)
+    if diagnoses:
+        text += f"; {diagnoses} diagnoses have their own table"
+    return text
+
+
+def headline_claims(registry: Registry, decided: list[Decided], base: Path) -> str:
+    """Per paper, its headline method claims (``headline: true``) and their verdicts."""
+    lines = []
+    for paper in PAPERS:
+        rows = [d for d in decided if d.behaviour.paper == paper and d.behaviour.headline]
+        if not rows:
+            continue
+        link = _page_link(registry, rows[0].behaviour.page, base)
+        items = []
+        for d in rows:
+            verdict = d.verdict if not d.waiting else f"pending, {d.waiting}"
+            extra = [] if d.standing.counted else [d.standing.text()]
+            if d.sensitivity and d.verdict == REPRODUCED:
+                extra.append(d.sensitivity.split(" (")[0])
+            more = f" ({'; '.join(extra)})" if extra else ""
+            items.append(f"{_cell(d.behaviour.claim)}: **{verdict}**{more}")
+        lines.append(f"- **[{paper}]({link})**: " + "; ".join(items) + ".")
+    return "\n".join(lines)
 
 
 def _table(header: str, rule: str, rows: list[list[str]]) -> str:
@@ -160,8 +228,9 @@ def untested_table(registry: Registry, base: Path) -> str:
 
 
 def blocks(registry: Registry, decided: list[Decided], base: Path) -> dict[str, str]:
-    """The text of each marked block: ``{"verdicts": headline + table, "checks": table,
-    "untested": table}`` (``""`` when the registry has no untested claims)."""
+    """The text of each marked block: ``{"verdicts": headline + the papers' headline claims +
+    table, "checks": table, "diagnoses": table, "untested": table, "headline": headline +
+    claims}`` (``""`` for a section the registry does not have)."""
     head = f"{headline(decided)}."
     n = len(registry.untested)
     if n:
@@ -169,17 +238,34 @@ def blocks(registry: Registry, decided: list[Decided], base: Path) -> dict[str, 
             f" {n} {'claim is' if n == 1 else 'claims are'} not tested here (no data or "
             "accelerator on this machine; not counted, listed under the checks)."
         )
+    claims = headline_claims(registry, decided, base)
+    top = f"{head}\n\nThe papers' headline method claims:\n\n{claims}" if claims else head
     return {
-        "verdicts": f"{head}\n\n{behaviours_table(registry, decided, base)}",
+        "verdicts": f"{top}\n\n{behaviours_table(registry, decided, base)}",
         "checks": checks_table(registry, base),
+        "diagnoses": behaviours_table(registry, decided, base, "diagnoses")
+        if registry.diagnoses
+        else "",
         "untested": untested_table(registry, base) if n else "",
+        "headline": top,
     }
+
+
+def _replace(text: str, begin: str, end: str, content: str) -> str:
+    i, j = text.find(begin), text.find(end)
+    return text[: i + len(begin)] + "\n" + content + "\n" + text[j:]
 
 
 def fill(text: str, contents: dict[str, str], name: Path) -> str:
     """``text`` with the content between each pair of markers replaced; :class:`InputError`
     naming the missing markers of file ``name`` if any is absent (or out of order). A block with
-    no content (no untested claims) needs no markers; where it has them, it is emptied."""
+    no content needs no markers; where it has them, it is emptied. A page with only the
+    ``headline`` markers (and none of the tables') gets the headline alone."""
+    if all(m not in text for m in MARKERS["verdicts"]) and all(m in text for m in HEADLINE_MARKERS):
+        begin, end = HEADLINE_MARKERS
+        if text.find(end) < text.find(begin):
+            raise InputError(f"{name}: marker {begin} must come before {end}")
+        return _replace(text, begin, end, contents["headline"])
     missing = []
     for block, (begin, end) in MARKERS.items():
         i, j = text.find(begin), text.find(end)
@@ -188,7 +274,7 @@ def fill(text: str, contents: dict[str, str], name: Path) -> str:
         if i < 0 or j < i:
             missing += [m for m in (begin, end) if m not in text] or [f"{begin} before {end}"]
             continue
-        text = text[: i + len(begin)] + "\n" + contents[block] + "\n" + text[j:]
+        text = _replace(text, begin, end, contents[block])
     if missing:
         raise InputError(f"{name}: missing marker(s) {', '.join(missing)}")
     return text

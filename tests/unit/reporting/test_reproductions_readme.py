@@ -58,14 +58,18 @@ def test_readme_tables_are_what_the_claims_give() -> None:
     )
 
 
+@pytest.mark.parametrize("section", ["behaviours", "diagnoses"])
 def test_every_behaviour_has_one_computed_verdict(
-    registry: Registry, decided: list[Decided]
+    registry: Registry, decided: list[Decided], section: str
 ) -> None:
-    rows = _rows(_block(README.read_text(encoding="utf-8"), "verdicts"))
-    assert len(rows) == len(registry.behaviours) > 0
-    for row, dec in zip(rows, decided, strict=True):
+    block = "verdicts" if section == "behaviours" else "diagnoses"
+    rows = _rows(_block(README.read_text(encoding="utf-8"), block))
+    mine = [d for d in decided if d.section == section]
+    assert len(rows) == len(getattr(registry, section)) == len(mine) > 0
+    for row, dec in zip(rows, mine, strict=True):
         assert " ".join(dec.behaviour.claim.split()) in row, (dec.behaviour.id, row)
         assert _bold_verdicts(row) == [dec.verdict], (dec.behaviour.id, row)
+        assert dec.standing.counted or "outside the headline" in row, dec.behaviour.id
 
 
 def test_every_check_is_in_the_checks_table_and_only_there(registry: Registry) -> None:
@@ -95,18 +99,24 @@ def test_untested_claims_are_in_their_table_only(registry: Registry) -> None:
         assert lines and all(_bold_verdicts(line) == [] for line in lines), claim.id
 
 
-def test_headline_counts_behaviours_only(registry: Registry, decided: list[Decided]) -> None:
+def test_headline_counts_counted_behaviours_only(
+    registry: Registry, decided: list[Decided]
+) -> None:
+    """The headline counts behaviours registered before their data and decided from curves:
+    not checks, not diagnoses, not rows registered after their data or typed by hand."""
     block = _block(README.read_text(encoding="utf-8"), "verdicts")
     found = re.search(
-        r"(\d+) of (\d+) behaviours reproduced by the rule \((\d+) in direction, not "
-        r"significant; (\d+) not reproduced; (\d+) pending",
+        r"(\d+) of (\d+) counted behaviours reproduced by the rule \((\d+) of them robust; "
+        r"(\d+) in direction, not significant; (\d+) not reproduced; (\d+) pending",
         block,
     )
     assert found, "the headline line is missing"
-    reproduced, total, in_direction, not_reproduced, pending = map(int, found.groups())
-    # the registry has checks, so a headline that counted them would have another total
-    assert registry.checks and total == len(registry.behaviours)
-    count = {v: sum(d.verdict == v for d in decided) for v in VERDICTS}
+    reproduced, total, robust, in_direction, not_reproduced, pending = map(int, found.groups())
+    counted = [d for d in decided if d.standing.counted]
+    assert all(d.section == "behaviours" for d in counted)
+    assert all(not d.behaviour.protocol.after_data for d in counted)
+    assert registry.checks and registry.diagnoses and total == len(counted) > 0
+    count = {v: sum(d.verdict == v for d in counted) for v in VERDICTS}
     assert (reproduced, in_direction, not_reproduced, pending) == (
         count[REPRODUCED],
         count[IN_DIRECTION],
@@ -114,6 +124,19 @@ def test_headline_counts_behaviours_only(registry: Registry, decided: list[Decid
         count[PENDING],
     )
     assert reproduced + in_direction + not_reproduced + pending + count[TOO_FEW] == total
+    assert robust <= reproduced
+
+
+def test_each_paper_lists_its_headline_method_claims(
+    registry: Registry, decided: list[Decided]
+) -> None:
+    block = _block(README.read_text(encoding="utf-8"), "verdicts")
+    for paper in ("FedBIAD", "FedSparse", "FedDST", "ProgFed"):
+        heads = [d for d in decided if d.behaviour.paper == paper and d.behaviour.headline]
+        assert heads, f"{paper} has no headline method claim"
+        line = next(x for x in block.splitlines() if x.startswith(f"- **[{paper}]"))
+        for dec in heads:
+            assert f"{' '.join(dec.behaviour.claim.split())}: **{dec.verdict}" in line
 
 
 def test_each_page_states_the_computed_verdict_or_none(
@@ -121,7 +144,8 @@ def test_each_page_states_the_computed_verdict_or_none(
 ) -> None:
     """Every behaviour appears on its page by id, on a line whose only bold verdict is the
     computed one; every check appears on its page by id."""
-    names = {b.page for b in registry.behaviours} | {c.page for c in registry.checks}
+    names = {b.page for b in (*registry.behaviours, *registry.diagnoses)}
+    names |= {c.page for c in registry.checks}
     pages = {page: (DOCS / page).read_text(encoding="utf-8") for page in names}
     for dec in decided:
         beh = dec.behaviour

@@ -1,0 +1,318 @@
+"""Pre-registration of claims (protocol v2): a claim's measurement design must be committed
+BEFORE the data it is decided from.
+
+A behaviour of ``claims.yaml`` names ``protocol.registered: <commit>`` (or ``after-data`` for an
+honest post-hoc claim). :func:`check_registration` verifies it from git alone: the commit holds
+the entry with the same measurement design (:func:`design`, :func:`same_design`) as now, and
+every data file the claim reads was first added in a strict descendant of that commit.
+:func:`first_registration` finds the oldest commit since which the current design has stood.
+
+Everything here is plain ``git -C <root> ...``; the design is read from the raw YAML mapping (not
+the validated schema), so an old commit's file that the current schema would refuse still reads.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import subprocess
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedcomm.errors import InputError
+
+AFTER_DATA = "after-data"
+ARM_KEYS = ("run", "within_gib", "axis", "at_round", "ended_inside")
+PROTOCOL_KEYS = ("n", "looks", "spending", "measure", "cap_gib", "axis", "at_round")
+SECTIONS = ("behaviours", "diagnoses")
+DEFAULT_AXIS = "up_down"
+_FULL_HASH = re.compile(r"[0-9a-f]{40}")
+
+Design = dict[str, Any]
+
+
+class RegistrationError(InputError):
+    """git is missing, or the folder is not a git repository; one line."""
+
+
+# ------------------------------------------------------------------------------- the design
+
+
+def _arm_design(arm: Any, prefix: str, out: Design) -> None:
+    arm = arm if isinstance(arm, Mapping) else {}
+    for key in ARM_KEYS:
+        out[f"{prefix}.{key}"] = arm.get(key)
+    if arm.get("within_gib") is not None and arm.get("axis") is None:
+        out[f"{prefix}.axis"] = DEFAULT_AXIS
+    minus = arm.get("minus")
+    out[f"{prefix}.minus"] = minus is not None
+    if minus is not None:
+        _arm_design(minus, f"{prefix}.minus", out)
+
+
+OLD_CAP_METRIC = re.compile(r"^best_within_([0-9.]+)_gib$")
+
+
+def _unversioned(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An entry written in the registry's first form, ``metric: best_within_0.5_gib``, as the
+    same measurement in today's form (``global_accuracy`` with ``within_gib: 0.5`` on each arm,
+    the upload + download axis): a rewrite of the words, not of the design."""
+    match = OLD_CAP_METRIC.match(str(entry.get("metric")))
+    if match is None:
+        return entry
+    cap = float(match.group(1))
+    arms = {
+        side: {**arm, "within_gib": cap} if isinstance(arm, Mapping) else arm
+        for side in ("a", "b")
+        if (arm := entry.get(side)) is not None
+    }
+    return {**entry, "metric": "global_accuracy", **arms}
+
+
+def design(entry: Mapping[str, Any]) -> Design:
+    """The measurement design of a raw behaviour entry, as a flat ``{dotted key: value}``:
+    metric, direction, margin, scale, per arm (``a.``, ``b.``, ``a.minus.``...) run, within_gib,
+    axis, at_round, ended_inside and whether a ``minus`` exists, and ``protocol.<key>`` for the
+    protocol block's n, looks, spending, measure, cap_gib, axis, at_round when given. Labels,
+    notes, setting, claim text, paper_value, ``seeds`` pins, the curves glob and settled_by are
+    not part of it. The
+    registry's first form of a capped metric reads as today's (:func:`_unversioned`)."""
+    entry = _unversioned(entry)
+    out: Design = {
+        "metric": entry.get("metric"),
+        "direction": entry.get("direction"),
+        "margin": 0.0 if entry.get("margin") is None else entry["margin"],
+        "scale": 1.0 if entry.get("scale") is None else entry["scale"],
+    }
+    for side in ("a", "b"):
+        _arm_design(entry.get(side), side, out)
+    protocol = entry.get("protocol")
+    if isinstance(protocol, Mapping):
+        for key in PROTOCOL_KEYS:
+            if protocol.get(key) is not None:
+                out[f"protocol.{key}"] = protocol[key]
+    return out
+
+
+def _may_fill(key: str) -> bool:
+    """Keys that a registration may leave open: an arm's run (a pending arm had none yet) and
+    the protocol block (files older than protocol v2 have none)."""
+    return key.startswith("protocol.") or key == "run" or key.endswith(".run")
+
+
+def design_diff(old: Design, new: Design) -> list[str]:
+    """The keys on which ``new`` departs from the registered ``old`` (see :func:`same_design`)."""
+    diff = []
+    for key in sorted(set(old) | set(new)):
+        was, now = old.get(key), new.get(key)
+        if was is None and _may_fill(key):
+            continue
+        if was != now:
+            diff.append(key)
+    return diff
+
+
+def same_design(old: Design, new: Design) -> bool:
+    """Whether ``new`` keeps the design registered as ``old``: equal, except that a run or a
+    protocol key absent (or None) in ``old`` accepts any value in ``new``."""
+    return not design_diff(old, new)
+
+
+# ------------------------------------------------------------------------------------- git
+
+
+def _git(root: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
+        )
+    except FileNotFoundError as err:
+        raise RegistrationError(
+            "git is not installed (or not on PATH); it is needed to check claim registrations"
+        ) from err
+    if proc.returncode == 128 and "not a git repository" in proc.stderr:
+        raise RegistrationError(
+            f"{root} is not a git repository; registrations are read from its git history"
+        )
+    if check and proc.returncode != 0:
+        msg = " ".join(proc.stderr.split()) or f"exit {proc.returncode}"
+        raise RegistrationError(f"git {' '.join(args)} failed in {root}: {msg}")
+    return proc
+
+
+def _require_repo(root: Path | str) -> None:
+    if not Path(root).is_dir():
+        raise RegistrationError(f"{root} is not a git repository (no such folder)")
+    _git(root, "rev-parse", "--git-dir")
+
+
+def resolve(root: Path | str, rev: str) -> str | None:
+    """The full hash of commit ``rev``, or None when there is no such commit."""
+    proc = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def _head(root: Path | str) -> str:
+    return resolve(root, "HEAD") or ""
+
+
+# Cached by HEAD (the history a log walks) or by full commit hashes: both never change.
+@lru_cache(maxsize=4096)
+def _log(root: str, head: str, *args: str) -> tuple[str, ...]:
+    if not head:
+        return ()
+    return tuple(_git(root, "log", *args).stdout.split())
+
+
+@lru_cache(maxsize=1024)
+def _file_at(root: str, commit: str, rel: str) -> str | None:
+    proc = _git(root, "show", f"{commit}:{rel}", check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+@lru_cache(maxsize=1024)
+def _yaml_at(root: str, commit: str, rel: str) -> Any:
+    text = _file_at(root, commit, rel)
+    if text is None:
+        return None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(text, Loader=loader)
+    except yaml.YAMLError:
+        return None
+
+
+@lru_cache(maxsize=65536)
+def _is_ancestor(root: str, older: str, newer: str) -> bool:
+    proc = _git(root, "merge-base", "--is-ancestor", older, newer, check=False)
+    return proc.returncode == 0
+
+
+def first_added(root: Path | str, path: str) -> str | None:
+    """The full hash of the oldest commit (in HEAD's history) that added ``path``, relative to
+    ``root``; None when no commit added it (untracked, or only staged)."""
+    _require_repo(root)
+    log = _log(str(root), _head(root), "--diff-filter=A", "--format=%H", "--", path)
+    return log[-1] if log else None
+
+
+def is_strict_ancestor(root: Path | str, older: str, newer: str) -> bool:
+    """Whether commit ``older`` is an ancestor of ``newer`` and not the same commit."""
+    _require_repo(root)
+    old, new = resolve(root, older), resolve(root, newer)
+    if old is None or new is None or old == new:
+        return False
+    return _is_ancestor(str(root), old, new)
+
+
+def entry_at(
+    root: Path | str, commit: str, claims_rel: str, entry_id: str
+) -> Mapping[str, Any] | None:
+    """The raw entry ``entry_id`` of ``claims_rel`` (``behaviours`` or ``diagnoses``) as of
+    ``commit``; None when the file or the entry is not there."""
+    full = commit if _FULL_HASH.fullmatch(commit) else resolve(root, commit)
+    doc = _yaml_at(str(root), full, claims_rel) if full else None
+    if not isinstance(doc, Mapping):
+        return None
+    for section in SECTIONS:
+        for item in doc.get(section) or ():
+            if isinstance(item, Mapping) and item.get("id") == entry_id:
+                return item
+    return None
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+PER_SEED = re.compile(r"_s(\d+)\.csv$")
+
+
+def sources(arm: Mapping[str, Any] | None) -> Iterator[Mapping[str, Any]]:
+    """An arm's source and, recursively, its ``minus`` sources."""
+    while isinstance(arm, Mapping):
+        yield arm
+        arm = arm.get("minus")
+
+
+def data_files(entry: Mapping[str, Any], folder: Path, prefix: str) -> list[str]:
+    """The files a raw entry's ``curves`` sources read (both arms, ``minus`` included), as
+    ``prefix/<path relative to folder>``: each glob relative to ``folder`` (the claims file's),
+    cut to the ``seeds`` pins where a file is per-seed (``..._s<N>.csv``)."""
+    files = set()
+    for side in ("a", "b"):
+        for source in sources(entry.get(side)):
+            pattern, seeds = source.get("curves"), source.get("seeds")
+            if not pattern:
+                continue
+            for rel in sorted(glob.glob(pattern, root_dir=folder)):
+                match = PER_SEED.search(rel)
+                if seeds is not None and match and int(match.group(1)) not in seeds:
+                    continue
+                files.add(f"{prefix}/{rel}" if prefix else rel)
+    return sorted(files)
+
+
+def repo_top(folder: Path) -> Path:
+    """The top of the git repository holding ``folder`` (:class:`RegistrationError` if none)."""
+    _require_repo(folder)
+    return Path(_git(folder, "rev-parse", "--show-toplevel").stdout.strip())
+
+
+def check_registration(
+    root: Path,
+    claims_rel: str,
+    entry_id: str,
+    registered: str,
+    current_entry: Mapping[str, Any],
+    data_files: list[str],
+) -> list[str]:
+    """What is wrong with ``protocol.registered: <registered>`` for ``entry_id`` (empty: it
+    holds). ``claims_rel`` and ``data_files`` are relative to ``root`` (the repository's top).
+    ``after-data`` declares no registration, so there is nothing to check against."""
+    _require_repo(root)
+    if registered == AFTER_DATA:
+        return []
+    commit = resolve(root, registered)
+    if commit is None:
+        return [f"{entry_id}: registered commit {registered} does not exist"]
+    short = commit[:12]
+    problems = []
+    old = entry_at(root, commit, claims_rel, entry_id)
+    if old is None:
+        problems.append(f"{entry_id}: {claims_rel} at {short} has no behaviour {entry_id}")
+    else:
+        diff = design_diff(design(old), design(current_entry))
+        if diff:
+            problems.append(f"{entry_id}: the design changed since {short}: {', '.join(diff)}")
+    for rel in data_files:
+        added = first_added(root, rel)
+        if added is None:
+            problems.append(f"{entry_id}: data file {rel} is not committed")
+        elif not is_strict_ancestor(root, commit, added):
+            problems.append(
+                f"{entry_id}: data file {rel} was added in {added[:12]}, not after the "
+                f"registration {short}"
+            )
+    return problems
+
+
+def first_registration(
+    root: Path | str, claims_rel: str, entry_id: str, current_entry: Mapping[str, Any]
+) -> str | None:
+    """The oldest commit C touching ``claims_rel`` such that at C and at every later commit
+    touching it the entry holds the current design; None when the newest one does not."""
+    _require_repo(root)
+    now = design(current_entry)
+    found = None
+    for commit in _log(str(root), _head(root), "--format=%H", "--", claims_rel):
+        old = entry_at(root, commit, claims_rel, entry_id)
+        if old is None or not same_design(design(old), now):
+            break
+        found = commit
+    return found
