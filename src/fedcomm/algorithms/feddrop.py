@@ -12,8 +12,12 @@ its weight row and bias and the next layer's input columns reading it (after a f
 ``in_features / channels`` consecutive columns of its channel).
 
 * down: the sub-model's values, 32 bits each; up: the delta of masked local SGD on the same
-  entries (dropped entries stay 0 and their gradients are masked: the smaller dense network,
-  no rescaling);
+  entries (dropped entries stay 0 and their gradients are masked: the smaller dense network);
+* ``rescale`` (training only): inverted dropout, each hidden layer's kept units' outputs scaled
+  by ``n / kept`` (``1 / (1 − p)`` up to rounding) in the forward pass of local training
+  (:func:`.submodel.hidden_scaler`), so the sub-model's activations have the full model's
+  expected scale; evaluation runs the unscaled full model. Off: the smaller dense network as it
+  is (Caldas et al. do not rescale);
 * server: per entry ``Δ = Σ_k n_k δ_k / Σ_{k holds it} n_k`` (``aggregate="all"``: divided by
   every client's weight), then ``w ← w + server_opt(Δ)`` (Adam, lr 1e-3) where some client held
   the entry; entries nobody held stay untouched.
@@ -29,13 +33,16 @@ from typing import Literal
 
 import torch
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, RoundContext, register
+from fedcomm.algorithms.core import jobs as _jobs
+from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.submodel.codec import decode_kept as decode_kept
 from fedcomm.algorithms.submodel.codec import encode_kept as encode_kept
 from fedcomm.algorithms.submodel.codec import keep_masks as keep_masks
+from fedcomm.algorithms.submodel.codec import uploaded_model
 from fedcomm.algorithms.submodel.merge import aggregate as aggregate
 from fedcomm.algorithms.submodel.merge import masked_mean
 from fedcomm.algorithms.submodel.units import drop_counts as drop_counts
@@ -45,6 +52,7 @@ from fedcomm.algorithms.submodel.units import unit_layers as unit_layers
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.server_opt import ServerOptConfig, adam_server
+from fedcomm.types import Params
 
 
 class Config(AlgorithmConfig):
@@ -55,6 +63,9 @@ class Config(AlgorithmConfig):
     drop_output: bool = False
     aggregate: Literal["held", "all"] = "held"
     weighting: Literal["uniform", "num_examples"] = "uniform"  # the paper: plain mean
+    rescale: bool = Field(
+        False, description="inverted dropout: scale kept hidden units by n / kept in training"
+    )
 
 
 def select_units(
@@ -71,12 +82,48 @@ def select_units(
     return select(layers, {s.name: s.count - counts[s.name] for s in layers}, random_rank)
 
 
+def keep_shares(cfg: Config, layers: Sequence[GroupSpec]) -> dict[str, float]:
+    """Each layer's kept share of units, ``kept / n`` (the same for every client and round)."""
+    counts = drop_counts(layers, cfg.conv_rate, cfg.fc_rate, cfg.drop_output)
+    return {s.name: (s.count - counts[s.name]) / s.count for s in layers}
+
+
 @register(Config)
 def build(cfg: Config) -> FedAlgorithm:
+    # per model structure: its inverted-dropout scaler (``rescale``) and local program
+    built: dict[int, tuple[nn.Module, _local.ParamMap, _jobs.LocalProgram]] = {}
+
+    def for_model(model: nn.Module) -> tuple[_local.ParamMap, _jobs.LocalProgram]:
+        hit = built.get(id(model))
+        if hit is None or hit[0] is not model:
+            layers = unit_layers(model, cfg.name)
+            scale = submodel.hidden_scaler(layers, keep_shares(cfg, layers))
+            program = _jobs.LocalProgram(grad_hook=submodel.masked_grads, param_map=scale)
+            hit = built[id(model)] = (model, scale, program)
+        return hit[1], hit[2]
+
     def keep(state: submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         counts = drop_counts(state.layers, cfg.conv_rate, cfg.fc_rate, cfg.drop_output)
         return select_units(state.layers, counts, ctx.seed, ctx.round_, client_id)
 
+    def uploaded_scaled(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+        """The uploaded sub-model as the function it trained as (one model a run)."""
+        (_, scale, _), *_ = built.values()
+        return scale(dict(uploaded_model(down, up)))
+
+    if not cfg.rescale:
+        return submodel.algorithm(
+            cfg, submodel.Selection(keep), masked_mean(cfg.aggregate), weighting=cfg.weighting
+        )
     return submodel.algorithm(
-        cfg, submodel.Selection(keep), masked_mean(cfg.aggregate), weighting=cfg.weighting
+        cfg,
+        submodel.Selection(keep),
+        masked_mean(cfg.aggregate),
+        weighting=cfg.weighting,
+        client_job=submodel.masked_client(
+            cfg.name,
+            program=lambda m: for_model(m)[1],
+            local_map=lambda m: for_model(m)[0],
+        ),
+        uploaded_model=uploaded_scaled,
     )

@@ -69,12 +69,7 @@ class Config(AlgorithmConfig):
 def scaler_map(layers: Sequence[GroupSpec], rate: float) -> _local.ParamMap:
     """Forward parameters with every hidden layer's weight and bias divided by ``rate``: each
     hidden layer's output (pre-activation) is divided by ``rate``, as HeteroFL's ``Scaler``."""
-    names = frozenset(n for s in layers if not s.is_output for n in s.param_names)
-
-    def forward(params: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {k: v / rate if k in names else v for k, v in params.items()}
-
-    return forward
+    return submodel.hidden_scaler(layers, {s.name: rate for s in layers})
 
 
 def label_masks(

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import build_algorithm, fedavg, feddrop
+from fedcomm.algorithms import build_algorithm, fedavg, feddrop, submodel
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import build_compressor
@@ -198,3 +198,51 @@ def test_validate_model_rejects_residual_and_recurrent_models(
     model = build_model(name, input_shape=shape, num_classes=10, **options)
     with pytest.raises(ValueError, match="residual or recurrent"):
         alg.init_server(_params(model), RoundContext(0, torch.Generator(), 0, model))
+
+
+def test_rescale_scales_kept_hidden_units_in_training_and_the_local_model() -> None:
+    """``rescale``: inverted dropout. The forward pass of local training divides each hidden
+    layer's weight and bias by its kept share (fc_rate 0.5: x2), never the output layer's; the
+    local model (local accuracy) is the trained sub-model as it trained, scaled the same way."""
+    model = _mlp([40, 20])
+    layers = feddrop.unit_layers(model)
+    cfg = feddrop.Config(fc_rate=0.5, rescale=True)
+    assert feddrop.keep_shares(cfg, layers) == {"fc1": 0.5, "fc2": 0.5, "fc3": 1.0}
+    ones = {k: torch.ones_like(v) for k, v in _params(model).items()}
+    scaled = submodel.hidden_scaler(layers, feddrop.keep_shares(cfg, layers))(ones)
+    assert {k: float(v.unique()) for k, v in scaled.items()} == {
+        "fc1.weight": 2.0,
+        "fc1.bias": 2.0,
+        "fc2.weight": 2.0,
+        "fc2.bias": 2.0,
+        "fc3.weight": 1.0,
+        "fc3.bias": 1.0,
+    }
+    fed = digits_federation(6)
+    runs = {}
+    for rescale in (False, True):
+        alg = build_algorithm(feddrop.Config(fc_rate=0.5, rescale=rescale))
+        rctx = RoundContext(1, torch.Generator(), 0, model)
+        down = alg.broadcast(alg.init_server(_params(model), rctx), 2, None, rctx).decode()
+        cctx = ClientContext(1, 2, model, LocalConfig(lr=0.1), torch.Generator().manual_seed(0))
+        runs[rescale] = (alg, down, alg.client_update(down, None, fed.train[2], cctx))
+    (_, _, plain), (alg, down, res) = runs[False], runs[True]
+    assert not torch.equal(plain.local_params["fc1.weight"], res.local_params["fc1.weight"])
+    trained = feddrop.decode_kept(down)  # the sub-model plus its delta = the trained weights
+    delta = feddrop.decode_kept(res.uplink.decode())
+    for k in ("fc1.weight", "fc2.bias", "fc3.weight"):
+        factor = 1.0 if k.startswith("fc3") else 2.0
+        torch.testing.assert_close(res.local_params[k], factor * (trained[k] + delta[k]))
+    assert alg.uploaded_model is not None  # the compressor path rebuilds the same model
+    rebuilt = alg.uploaded_model(down, res.uplink.decode())
+    for k, v in res.local_params.items():
+        torch.testing.assert_close(rebuilt[k], v)
+
+
+def test_rescale_off_is_the_default_and_unchanged(fed: FederatedTensors) -> None:
+    assert feddrop.Config().rescale is False
+    a = _run(fed, feddrop.Config(fc_rate=0.5), _mlp([16]))
+    b = _run(fed, feddrop.Config(fc_rate=0.5, rescale=False), _mlp([16]))
+    assert all(torch.equal(a.final_params[k], b.final_params[k]) for k in a.final_params)
+    c = _run(fed, feddrop.Config(fc_rate=0.5, rescale=True), _mlp([16]))
+    assert any(not torch.equal(a.final_params[k], c.final_params[k]) for k in a.final_params)

@@ -89,6 +89,20 @@ def masked_grads(full: Mapping[str, Tensor], grads: dict[str, Tensor]) -> dict[s
 SUBMODEL = _jobs.LocalProgram(grad_hook=masked_grads)  # masked SGD: dropped entries stay 0
 
 
+def hidden_scaler(layers: Sequence[GroupSpec], keep: Mapping[str, float]) -> _local.ParamMap:
+    """Forward parameters with each hidden layer's weight and bias divided by its kept share
+    ``keep[layer]``: the layer's pre-activation, so (ReLU and max-pooling being positively
+    homogeneous) its kept units' outputs, are scaled by ``1 / keep`` during local training, as
+    inverted dropout and HeteroFL's ``Scaler`` do. The output layer is never scaled."""
+    factor = {n: 1.0 / keep[s.name] for s in layers if not s.is_output for n in s.param_names}
+    factor = {n: f for n, f in factor.items() if f != 1.0}
+
+    def forward(params: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {k: v * factor[k] if k in factor else v for k, v in params.items()}
+
+    return forward
+
+
 def submodel_job(
     down: Mapping[str, Tensor],
     data: ClientData,
@@ -143,20 +157,27 @@ def masked_client(
     program: Callable[[nn.Module], _jobs.LocalProgram] | None = None,
     extra: Callable[[Params, ClientData, ClientContext], dict[str, Tensor]] | None = None,
     meta: Callable[[_jobs.JobResult], dict[str, Entry]] | None = None,
+    local_map: Callable[[nn.Module], _local.ParamMap | None] | None = None,
 ) -> _jobs.ClientJob:
     """The family's ``client_job``: :func:`submodel_job` then :func:`submodel_result`.
 
     ``program(model)`` replaces :data:`SUBMODEL` (HeteroFL's scaler and label masks),
     ``extra(sub, data, ctx)`` adds per-client tensors its hooks read, ``meta(result)`` entries
-    to the uplink (AFD's loss)."""
+    to the uplink (AFD's loss), ``local_map(model)`` maps the trained sub-model to the function
+    it trained as, for local evaluation (FedDrop's inverted-dropout scaling)."""
 
     def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
     ) -> _jobs.LocalJob:
+        as_trained = local_map(ctx.model) if local_map is not None else None
+
         def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
             up = meta(res) if meta is not None else None
             metrics = {"train/loss": res.loss}
-            return submodel_result(res.live, sub, keep, data, metrics, prefix, up)
+            result = submodel_result(res.live, sub, keep, data, metrics, prefix, up)
+            if as_trained is None:
+                return result
+            return replace(result, local_params=as_trained(dict(result.local_params)))
 
         job_program = program(ctx.model) if program is not None else SUBMODEL
         per_client = (lambda sub: extra(sub, data, ctx)) if extra is not None else None
