@@ -223,42 +223,50 @@ def verdicts(
         Path, typer.Argument(help="claims registry (docs/reproductions/claims.yaml)")
     ],
     write: Annotated[
-        Path | None, typer.Option(help="fill this page's verdicts/checks marker blocks")
+        list[Path] | None,
+        typer.Option(help="fill this page's marker blocks (repeat for more pages)"),
     ] = None,
     check: Annotated[
-        Path | None, typer.Option(help="exit 1 with a diff if this page's blocks are stale")
+        list[Path] | None,
+        typer.Option(help="exit 1 with a diff if this page's blocks are stale (repeatable)"),
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the numbers here")] = None,
 ) -> None:
-    """Decide every claim of a registry by the rule (paired t over seeds) and print the
-    behaviours and checks tables; --write/--check keep a page's marked blocks in step."""
+    """Decide every claim of a registry by the rule (paired t over seeds, protocol v2) and
+    print the behaviours and checks tables; --write/--check keep pages' marked blocks in step
+    (the reproductions README's tables, a paper page's or the project README's headline)."""
     from fedcomm import atomic
     from fedcomm.reporting.claims import decide, load_registry, verdicts_json
     from fedcomm.reporting.verdict_tables import blocks, diff, fill
 
+    writes, checks = list(write or []), list(check or [])
     with user_errors():
         registry = load_registry(claims)
         decided = decide(registry)
-        stale = ""
-        for page in (p for p in (write, check) if p is not None):
+        stale = []
+        for page in [*writes, *checks]:
             if not page.is_file():
                 raise InputError(f"{page}: no such file")
+        for page in dict.fromkeys([*writes, *checks]):
             old = page.read_text(encoding="utf-8")
             new = fill(old, blocks(registry, decided, page.parent), page)
-            if page == write and new != old:
-                atomic.write_text(page, new)
-                typer.echo(f"wrote {page}")
-            elif page == check and page != write:
-                stale = diff(old, new, page)
+            if page in writes:
+                if new != old:
+                    atomic.write_text(page, new)
+                    typer.echo(f"wrote {page}")
+            elif new != old:
+                stale.append((page, diff(old, new, page)))
         if json_out is not None:
             atomic.write_json(json_out, verdicts_json(registry, decided))
             typer.echo(f"wrote {json_out}")
-    if write is None and check is None:
+    if not writes and not checks:
         shown = blocks(registry, decided, claims.parent)
-        typer.echo("\n\n".join(text for text in shown.values() if text))
+        tables = ("verdicts", "diagnoses", "checks", "untested")
+        typer.echo("\n\n".join(shown[k] for k in tables if shown.get(k)))
     if stale:
-        typer.echo(stale, nl=False)
-        typer.echo(f"error: {check}: the verdict tables are not what {claims} gives", err=True)
+        for page, text in stale:
+            typer.echo(text, nl=False)
+            typer.echo(f"error: {page}: the verdict blocks are not what {claims} gives", err=True)
         raise typer.Exit(1)
 
 

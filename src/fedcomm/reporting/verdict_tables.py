@@ -36,7 +36,6 @@ MARKERS = {
     "diagnoses": ("<!-- diagnoses:begin -->", "<!-- diagnoses:end -->"),
     "untested": ("<!-- untested:begin -->", "<!-- untested:end -->"),
 }
-HEADLINE_MARKERS = ("<!-- headline:begin -->", "<!-- headline:end -->")
 PAPERS = ("FedBIAD", "FedSparse", "FedDST", "ProgFed")
 
 
@@ -188,6 +187,37 @@ def headline_claims(registry: Registry, decided: list[Decided], base: Path) -> s
     return "\n".join(lines)
 
 
+def paper_headline(paper: str, registry: Registry, decided: list[Decided], base: Path) -> str:
+    """A paper page's block: its headline method claims, each with its id, verdict, numbers,
+    standing and sensitivity, then how many of the paper's behaviours the headline counts."""
+    mine = [d for d in decided if d.behaviour.paper == paper and d.section == "behaviours"]
+    link = _page_link(registry, "README.md", base)
+    lines = [
+        f"**Headline method claims**, decided by the rule under protocol v2 ([all rows and the "
+        f"rule]({link})):",
+        "",
+    ]
+    for d in (d for d in mine if d.behaviour.headline):
+        numbers = "" if d.paired is None else f"; {difference_text(d.paired)}"
+        extra = [] if d.standing.counted else [d.standing.text()]
+        if d.sensitivity:
+            extra.append(d.sensitivity)
+        more = f" ({'; '.join(extra)})" if extra else ""
+        verdict = d.verdict if not d.waiting else f"pending, {d.waiting}"
+        lines.append(
+            f"- {_cell(d.behaviour.claim)} (`{d.behaviour.id}`{numbers}): **{verdict}**{more}"
+        )
+    counted = [d for d in mine if d.standing.counted]
+    done = sum(d.verdict == REPRODUCED for d in counted)
+    lines += [
+        "",
+        f"Of this paper's {len(mine)} behaviours, {len(counted)} are counted in the headline "
+        f"({done} reproduced); the others were registered after their data or rest on typed "
+        "per-seed numbers.",
+    ]
+    return "\n".join(lines)
+
+
 def _table(header: str, rule: str, rows: list[list[str]]) -> str:
     """A markdown table: the header and rule lines, then one line per row of cells."""
     return "\n".join([header, rule, *("| " + " | ".join(cells) + " |" for cells in rows)])
@@ -248,6 +278,7 @@ def blocks(registry: Registry, decided: list[Decided], base: Path) -> dict[str, 
         else "",
         "untested": untested_table(registry, base) if n else "",
         "headline": top,
+        **{f"headline:{p}": paper_headline(p, registry, decided, base) for p in PAPERS},
     }
 
 
@@ -256,16 +287,27 @@ def _replace(text: str, begin: str, end: str, content: str) -> str:
     return text[: i + len(begin)] + "\n" + content + "\n" + text[j:]
 
 
+def _headline_markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
 def fill(text: str, contents: dict[str, str], name: Path) -> str:
     """``text`` with the content between each pair of markers replaced; :class:`InputError`
     naming the missing markers of file ``name`` if any is absent (or out of order). A block with
-    no content needs no markers; where it has them, it is emptied. A page with only the
-    ``headline`` markers (and none of the tables') gets the headline alone."""
-    if all(m not in text for m in MARKERS["verdicts"]) and all(m in text for m in HEADLINE_MARKERS):
-        begin, end = HEADLINE_MARKERS
-        if text.find(end) < text.find(begin):
-            raise InputError(f"{name}: marker {begin} must come before {end}")
-        return _replace(text, begin, end, contents["headline"])
+    no content needs no markers; where it has them, it is emptied. A page without the tables'
+    markers gets its headline blocks alone: ``headline`` (all papers) and ``headline:<Paper>``
+    (a paper page's headline method claims)."""
+    if all(m not in text for m in MARKERS["verdicts"]):
+        found = False
+        for block in ("headline", *(f"headline:{p}" for p in PAPERS)):
+            begin, end = _headline_markers(block)
+            if begin not in text and end not in text:
+                continue
+            if text.find(end) < text.find(begin):
+                raise InputError(f"{name}: marker {begin} must come before {end}")
+            text, found = _replace(text, begin, end, contents[block]), True
+        if found:
+            return text
     missing = []
     for block, (begin, end) in MARKERS.items():
         i, j = text.find(begin), text.find(end)

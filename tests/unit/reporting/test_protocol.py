@@ -224,3 +224,20 @@ def test_headline_claims_per_paper_and_a_headline_only_page(tmp_path: Path) -> N
     text = fill(readme.read_text(), shown, readme)
     assert claims_line in text and "old" not in text and text.endswith("tail\n")
     assert "| Paper | Claim |" not in text  # the tables stay on the reproductions page
+
+
+def test_a_paper_page_gets_its_own_headline_claims(tmp_path: Path) -> None:
+    first = dict(BEHAVIOURS[0], headline=True)
+    claims = _registered(_registry(tmp_path, [first, *BEHAVIOURS[1:]]))
+    registry = load_registry(claims)
+    shown = blocks(registry, decide(registry), tmp_path)
+    page = tmp_path / "fedbiad.md"
+    page.write_text("# FedBIAD\n<!-- headline:FedBIAD:begin -->\n<!-- headline:FedBIAD:end -->\n")
+    text = fill(page.read_text(), shown, page)
+    assert "claim curves-case (`curves-case`; n = 3: d = +2.00 ± 0.58" in text
+    assert "**reproduced** (fragile (last 3:" in text
+    assert "Of this paper's 3 behaviours, 2 are counted in the headline (1 reproduced)" in text
+    assert "claim minus-case" not in text  # not a headline claim
+    page.write_text("# FedBIAD\nno markers\n")
+    result = CliRunner().invoke(app, ["verdicts", str(claims), "--check", str(page)])
+    assert result.exit_code == 2 and "missing marker(s) <!-- verdicts:begin -->" in result.output

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from fedcomm.cli import app
 from fedcomm.reporting.claims import Decided, Registry, decide, load_registry
 from fedcomm.reporting.verdict import IN_DIRECTION, NOT_REPRODUCED, PENDING, REPRODUCED, TOO_FEW
-from fedcomm.reporting.verdict_tables import MARKERS
+from fedcomm.reporting.verdict_tables import MARKERS, PAPERS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "reproductions"
 CLAIMS = DOCS / "claims.yaml"
@@ -50,12 +50,26 @@ def _bold_verdicts(line: str) -> list[str]:
     return [v for v in VERDICTS if f"**{v}**" in line]
 
 
+PAGES = [README, DOCS.parents[1] / "README.md", *(DOCS / f"{p.lower()}.md" for p in PAPERS)]
+
+
 def test_readme_tables_are_what_the_claims_give() -> None:
-    result = CliRunner().invoke(app, ["verdicts", str(CLAIMS), "--check", str(README)])
+    """The README's tables, the project README's headline and each paper page's headline
+    method claims are what the claims give."""
+    args = ["verdicts", str(CLAIMS)] + [x for page in PAGES for x in ("--check", str(page))]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, (
-        "docs/reproductions/README.md is stale: run `fedcomm verdicts "
-        f"docs/reproductions/claims.yaml --write docs/reproductions/README.md`\n{result.output}"
+        "a page is stale: run the `fedcomm verdicts ... --write` line of the README's "
+        f"Reproductions section\n{result.output}"
     )
+
+
+def test_each_paper_page_opens_with_its_headline_claims() -> None:
+    for paper in PAPERS:
+        text = (DOCS / f"{paper.lower()}.md").read_text(encoding="utf-8")
+        begin = f"<!-- headline:{paper}:begin -->"
+        assert text.index(begin) < 200, f"{paper}'s page must open with its headline claims"
+        assert "**Calibrated" in text[: text.index("<!-- headline") + 4000], paper
 
 
 @pytest.mark.parametrize("section", ["behaviours", "diagnoses"])
