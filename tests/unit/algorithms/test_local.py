@@ -352,6 +352,46 @@ def test_aux_tensors_train_with_their_own_adamax() -> None:
 
 
 @pytest.mark.parametrize("functional", [False, True])
+def test_aux_tensors_with_the_sgd_rule_take_plain_gradient_steps(functional: bool) -> None:
+    """``AuxAdamax(rule="sgd")`` (FedSparse's ``gate_optimizer: sgd`` diagnosis): the
+    auxiliary tensors follow torch.optim.SGD at their own lr, not Adamax."""
+    from fedcomm.algorithms.core.local import AuxAdamax
+
+    model = _model()
+    cfg = LocalConfig(epochs=1, batch_size=8, lr=0.1)
+    aux = AuxAdamax(frozenset({"gate"}), lr=0.5, rule="sgd")
+    params = {**_params(model), "gate": torch.linspace(-1.0, 1.0, C)}
+
+    def gated(full: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {**full, "0.weight": full["0.weight"] * torch.sigmoid(full["gate"])[:, None]}
+
+    w = params["0.weight"].clone().requires_grad_(True)
+    b = params["0.bias"].clone().requires_grad_(True)
+    v = params["gate"].clone().requires_grad_(True)
+    opt_w, opt_v = torch.optim.SGD([w, b], lr=cfg.lr), torch.optim.SGD([v], lr=0.5)
+    data = _data()
+    for idx in batch_schedule(data.num_examples, cfg, _gen()):
+        loss = F.cross_entropy(data.x[idx] @ (w * torch.sigmoid(v)[:, None]).T + b, data.y[idx])
+        opt_w.zero_grad()
+        opt_v.zero_grad()
+        loss.backward()
+        opt_w.step()
+        opt_v.step()
+    if functional:
+        from fedcomm.algorithms.core.local import init_bufs
+
+        step = make_step(model, cfg, param_map=gated, aux=aux, functional=True)
+        live, bufs = dict(params), init_bufs(params, cfg, aux)
+        for idx in batch_schedule(data.num_examples, cfg, _gen()):
+            live, bufs, _ = step(live, bufs, {}, data.x[idx], data.y[idx])
+        got = live["gate"]
+    else:
+        got = local_sgd(model, params, _data(), cfg, _gen(), param_map=gated, aux=aux)
+        got = got.params["gate"]
+    torch.testing.assert_close(got, v.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("functional", [False, True])
 def test_skip_loss_leaves_params_and_momentum_unchanged(functional: bool) -> None:
     """ProgFed's guard: a step whose minibatch loss is >= skip_loss is not taken (both forms)."""
     model = _model()

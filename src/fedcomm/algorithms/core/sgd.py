@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +90,7 @@ class AuxAdamax:
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
+    rule: Literal["adamax", "sgd"] = "adamax"  # sgd: plain ``v ← v − lr·g`` (an ablation)
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,10 @@ def init_bufs(
 def _adamax(
     live: dict[str, Tensor], grads: dict[str, Tensor], bufs: Mapping[str, Tensor], aux: AuxAdamax
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """One Adamax step (torch.optim.Adamax's rule), out of place; moments under ``adamax.*``."""
+    """One Adamax step (torch.optim.Adamax's rule), out of place; moments under ``adamax.*``.
+    With ``aux.rule == "sgd"`` a plain gradient step instead (the moments stay as they are)."""
+    if aux.rule == "sgd":
+        return {k: live[k] - aux.lr * g for k, g in grads.items()}, dict(bufs)
     t = bufs["adamax.t"] + 1
     new_live: dict[str, Tensor] = {}
     new_bufs: dict[str, Tensor] = {"adamax.t": t}

@@ -112,6 +112,11 @@ class Config(AlgorithmConfig):
     server_prune: bool = True
     prune_output: bool = True
     gate_lr: float = Field(1e-3, gt=0, description="client Adamax lr on v")
+    gate_optimizer: Literal["adamax", "sgd"] = Field(
+        "adamax",
+        description="client optimizer on v: Adamax (the paper, Appendix A: sign-driven) or, as "
+        "a diagnosis, SGD with lr gate_lr (the size of the gradient, so of λ0, moves v)",
+    )
     gate_server_lr: float = Field(1e-2, gt=0, description="server Adamax lr on v")
     gate_mapping: Literal["logit_pi", "l0_shift"] = Field(
         "logit_pi", description="log α = logit π (spec Rec), or logit π − 1.599 (Eq. 41)"
@@ -148,6 +153,7 @@ def step_rule(cfg: Config) -> StepRule:
         cfg.gate_lr,
         cfg.gate_at,
         cfg.prune_output,
+        cfg.gate_optimizer,
     )
 
 

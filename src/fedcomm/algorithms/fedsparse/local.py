@@ -44,6 +44,7 @@ class StepRule:
     gate_lr: float  # Adamax lr on v_s
     gate_at: Literal["auto", "weights"]  # where a linear layer's input-feature gates apply
     prune_output: bool  # whether the output layer's inputs are gated
+    gate_optimizer: Literal["adamax", "sgd"] = "adamax"  # client rule on v_s (sgd: a diagnosis)
 
 
 def gated_groups(model: torch.nn.Module | None, prune_output: bool) -> tuple[GroupSpec, ...]:
@@ -194,7 +195,9 @@ def local_program(
         loss_hook=partial(objective, specs=specs, rule=rule),
         post_step=partial(keep_pruned, axes=member_axes(specs)) if pruned else None,
         param_map=partial(gated_params, specs=specs, rule=rule, at_input=at_input),
-        aux=_local.AuxAdamax(frozenset(GATE + s.name for s in specs), lr=rule.gate_lr),
+        aux=_local.AuxAdamax(
+            frozenset(GATE + s.name for s in specs), lr=rule.gate_lr, rule=rule.gate_optimizer
+        ),
         input_gates=tuple((layer_of(s), INPUT_GATE + s.name) for s in specs if s.name in at_input),
     )
 
