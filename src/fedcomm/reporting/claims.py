@@ -262,9 +262,11 @@ def _sensitivity(beh: Behaviour, verdict: str, rule: Rule, files: _Files, where:
     """``robust`` when every neighbouring choice that the data can decide gives the same
     verdict, else ``fragile`` and which choices change it; a choice the data cannot decide (a
     cap the curves never pass, an axis they do not record) is named, not counted. ``""`` when
-    nothing can be varied (typed numbers, pending)."""
-    if verdict == PENDING or typed(beh.a) or typed(beh.b):
+    nothing can be varied yet (pending); typed per-seed finals cannot be varied at all."""
+    if verdict == PENDING:
         return ""
+    if typed(beh.a) or typed(beh.b):
+        return "not computable (typed per-seed finals: no curves to vary)"
     flips, unknown = [], []
     for variant in variants(beh.protocol, rule.last_k):
         try:
