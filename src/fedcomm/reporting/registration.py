@@ -73,15 +73,32 @@ def _unversioned(entry: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**entry, "metric": "global_accuracy", **arms}
 
 
+def _pending_capped(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A pending arm (no data yet) measures what the protocol block states: under
+    ``measure: best_within_cap`` it reads as ``within_gib: cap_gib`` on ``axis``, so a claim
+    registered with pending arms keeps its design when the arms get their curves."""
+    protocol = entry.get("protocol")
+    if not isinstance(protocol, Mapping) or protocol.get("measure") != "best_within_cap":
+        return entry
+    cap = {"within_gib": protocol.get("cap_gib"), "axis": protocol.get("axis") or DEFAULT_AXIS}
+    arms = {
+        side: {**arm, **cap}
+        for side in ("a", "b")
+        if isinstance(arm := entry.get(side), Mapping) and arm.get("pending") is not None
+    }
+    return {**entry, **arms}
+
+
 def design(entry: Mapping[str, Any]) -> Design:
     """The measurement design of a raw behaviour entry, as a flat ``{dotted key: value}``:
     metric, direction, margin, scale, per arm (``a.``, ``b.``, ``a.minus.``...) run, within_gib,
     axis, at_round, ended_inside and whether a ``minus`` exists, and ``protocol.<key>`` for the
     protocol block's n, looks, spending, measure, cap_gib, axis, at_round when given. Labels,
     notes, setting, claim text, paper_value, ``seeds`` pins, the curves glob and settled_by are
-    not part of it. The
-    registry's first form of a capped metric reads as today's (:func:`_unversioned`)."""
-    entry = _unversioned(entry)
+    not part of it. The registry's first form of a capped metric reads as today's
+    (:func:`_unversioned`), and a pending arm as what the protocol states
+    (:func:`_pending_capped`)."""
+    entry = _pending_capped(_unversioned(entry))
     out: Design = {
         "metric": entry.get("metric"),
         "direction": entry.get("direction"),

@@ -241,3 +241,57 @@ def test_a_paper_page_gets_its_own_headline_claims(tmp_path: Path) -> None:
     page.write_text("# FedBIAD\nno markers\n")
     result = CliRunner().invoke(app, ["verdicts", str(claims), "--check", str(page)])
     assert result.exit_code == 2 and "missing marker(s) <!-- verdicts:begin -->" in result.output
+
+
+def test_a_capped_claim_registered_with_pending_arms_keeps_its_design(tmp_path: Path) -> None:
+    """Registered before any run (pending arms), then given its curves: a pending arm measures
+    what the protocol states, so adding ``within_gib`` is not a change of design."""
+    cap = {"n": 2, "measure": "best_within_cap", "cap_gib": 2.0, "registered": "after-data"}
+    pending = {"pending": "the runs"}
+    claims = _registry(
+        tmp_path,
+        [
+            _behaviour(
+                "cap",
+                {"label": "S", **pending},
+                {"label": "D", **pending},
+                protocol={**cap, "n": 3},
+            )
+        ],
+    )
+    root = tmp_path
+    _git(root, "init", "-q")
+    _git(root, "add", "claims.yaml", "fedbiad.md")
+    _git(root, "commit", "-q", "-m", "register")
+    first = _git(root, "rev-parse", "HEAD")
+    rows = ["run,seed,round,global_accuracy,comm_cum_gib,comm_cum_up_bytes"]
+    for seed in range(3):
+        rows += [
+            f"{run},{seed},{r},{0.5 + r / 10 + (run == 's') * 0.01 * (seed + 1)},{r},0"
+            for run in ("s", "d")
+            for r in (1, 2, 3)
+        ]
+    (root / "data" / "cap.csv").write_text("\n".join(rows) + "\n")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "data")
+    arm = {"curves": "data/cap.csv", "within_gib": 2.0}
+    _edit(
+        claims,
+        "behaviours",
+        0,
+        a={"label": "S", "run": "s", **arm},
+        b={"label": "D", "run": "d", **arm},
+        protocol={**cap, "n": 3, "registered": first},
+    )
+    (dec,) = decide(load_registry(claims))
+    assert dec.standing.counted and dec.verdict == REPRODUCED
+    _edit(
+        claims,
+        "behaviours",
+        0,
+        a={"label": "S", "run": "s", **arm, "within_gib": 2.5},
+        b={"label": "D", "run": "d", **arm, "within_gib": 2.5},
+        protocol={**cap, "cap_gib": 2.5, "n": 3, "registered": first},
+    )
+    with pytest.raises(ClaimsError, match=r"design changed since .*cap_gib"):
+        decide(load_registry(claims))
