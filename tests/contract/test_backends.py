@@ -283,3 +283,25 @@ def _upsampled(fed: FederatedTensors) -> FederatedTensors:
         fed.num_classes,
         (1, 16, 16),
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("fedbiad", {"softmax_rows": "kept"}),  # a softmax over the kept output rows
+        ("fedbiad", {"rescale_rows": True}),
+        ("feddrop", {"rescale": True}),  # inverted dropout
+        ("fedsparse", {"gate_optimizer": "sgd", "gate_lr": 0.1}),
+    ],
+)
+def test_readings_of_issue_41_batch_like_the_sequential_run(
+    name: str, overrides: dict[str, Any], fed: FederatedTensors
+) -> None:
+    seq = _run(name, fed, "sequential", **overrides)
+    vec = _run(name, fed, "vectorized", **overrides)
+    assert vec.backend == "vectorized"
+    _assert_close(seq, vec)
+    plain = _run(name, fed, "sequential")  # the reading changes the run
+    assert any(
+        not torch.equal(plain.final_params[k], seq.final_params[k]) for k in plain.final_params
+    )

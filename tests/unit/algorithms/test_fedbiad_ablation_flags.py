@@ -173,3 +173,63 @@ def test_drop_embedding_false_sends_the_embedding_whole() -> None:
     assert zero_dims(dropped) == 4 and zero_dims(whole) == 0  # 8 dims, p = 0.5
     up = lambda res: res.uplink.nbits().total  # noqa: E731
     assert up(whole) > up(dropped)
+
+
+# --- the PTB suspects: softmax over the kept output rows, kept rows rescaled ---------------------
+
+
+def test_masked_cross_entropy_is_a_softmax_over_the_kept_classes() -> None:
+    """By hand: the kept classes' log-softmax among themselves, targets of dropped classes left
+    out of the mean; per-sample weights as weighted_cross_entropy; all dropped -> 0."""
+    from fedcomm.algorithms.core.jobs import masked_cross_entropy
+
+    g = torch.Generator().manual_seed(3)
+    logits, y = torch.randn(4, 3, 6, generator=g), torch.randint(0, 6, (4, 3), generator=g)
+    keep = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    kept = keep.bool()
+    sub = logits[..., kept].log_softmax(-1)  # the softmax among the kept classes
+    index = torch.cumsum(keep, 0).long() - 1  # class -> its position among the kept
+    terms = [(-sub[b, t, index[y[b, t]]], b) for b in range(4) for t in range(3) if kept[y[b, t]]]
+    want = torch.stack([v for v, _ in terms]).mean()
+    torch.testing.assert_close(masked_cross_entropy(logits, y, keep, None), want)
+    # a padded batch (w = 1/n on the real samples, 0 on padding) gives the real batch's value
+    pad = torch.cat([logits, torch.randn(2, 3, 6, generator=g)]), torch.cat([y, y[:2]])
+    w = torch.tensor([0.25] * 4 + [0.0, 0.0])
+    torch.testing.assert_close(masked_cross_entropy(pad[0], pad[1], keep, w), want)
+    none = torch.zeros(6)
+    assert float(masked_cross_entropy(logits, y, none, None)) == 0.0
+
+
+def test_softmax_kept_and_rescaled_rows_change_the_lm_step() -> None:
+    """One client step of the LM under each reading: the uploaded rows differ from the default;
+    with ``rescale_rows`` the local model is the kept rows x rows/kept (p = 0.5: x2); and
+    ``softmax_rows: kept`` needs the output layer's rows droppable."""
+    local = LocalConfig(epochs=1, batch_size=4, lr=0.5)
+    base = fedbiad.Config(p=0.5)
+    default = _client(base, _lstm(), _tokens(16), local)
+    kept = _client(base.model_copy(update={"softmax_rows": "kept"}), _lstm(), _tokens(16), local)
+    scaled = _client(base.model_copy(update={"rescale_rows": True}), _lstm(), _tokens(16), local)
+    out = bayes.output_weight(_lstm())
+    for other in (kept, scaled):
+        assert not torch.equal(default.local_params[out], other.local_params[out])  # type: ignore[attr-defined]
+    # the same pattern and training as default except the scale: rows kept by both are x2 here
+    row = scaled.local_params[out].abs().sum(1) > 0  # type: ignore[attr-defined]
+    assert 0 < int(row.sum()) < VOCAB and int(row.sum()) == VOCAB - round(0.5 * VOCAB)
+    with pytest.raises(ValidationError, match="softmax_rows: kept needs drop_output_layer"):
+        fedbiad.Config(softmax_rows="kept", drop_output_layer=False)
+    assert bayes.kept_scale(torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]])) == 2.0
+
+
+def test_rescaled_forward_pass_is_the_kept_rows_times_rows_over_kept() -> None:
+    names = ["w", "b"]
+    full = {
+        "w": torch.ones(4, 2), "b": torch.ones(4),
+        "rows.w": torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]),
+        "rows.b": torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        "eps.w": torch.zeros(4, 2), "eps.b": torch.zeros(4), "s_tilde": torch.tensor(0.0),
+    }  # fmt: skip
+    plain = bayes.perturbed_params(names, dict(full))
+    scaled = bayes.perturbed_params(names, dict(full), rescale=True, output_weight="w")
+    torch.testing.assert_close(scaled["w"], plain["w"] * 4 / 3)
+    torch.testing.assert_close(scaled["b"], plain["b"] * 4 / 3)
+    assert scaled[bayes.LOGIT_KEEP].tolist() == [1.0, 0.0, 1.0, 1.0]

@@ -85,6 +85,9 @@ class LocalProgram:
     # ``(in_features,)`` gate, during the forward pass; for a linear layer the same function
     # as gating its weight's input columns, at the input's size rather than the weight's
     input_gates: tuple[tuple[str, str], ...] = ()
+    # a key of what param_map returns: a ``(classes,)`` 1/0 vector; the data loss is then the
+    # cross-entropy of a softmax over the kept classes only (:func:`masked_cross_entropy`)
+    logit_mask: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,25 @@ def weighted_cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
     return (per.reshape(y.shape[0], -1).mean(1) * w).sum()
 
 
+DROPPED_LOGIT = -1e4  # added to a dropped class's logit: exp(-1e4) is 0 in fp32
+
+
+def masked_cross_entropy(logits: Tensor, y: Tensor, keep: Tensor, w: Tensor | None) -> Tensor:
+    """Cross-entropy of a softmax over the kept classes only: ``keep`` ``(classes,)`` is 1 for a
+    class in the softmax and 0 for one left out (its logit moved to ``DROPPED_LOGIT``, so it takes
+    no probability), and a target in a left-out class is left out of the mean (its loss would
+    be about 1e4). The mean is over the kept targets; ``w`` (per sample: ``1/n`` on the real
+    samples of a padded batch, 0 on padding) weighs each sample's targets, so a padded batch
+    gives the real batch's value. None kept gives 0. Shapes stay fixed (vmap)."""
+    classes = logits.shape[-1]
+    shifted = logits + (1.0 - keep) * DROPPED_LOGIT
+    per = F.cross_entropy(shifted.reshape(-1, classes), y.reshape(-1), reduction="none")
+    valid = keep[y.reshape(-1)]
+    if w is not None:
+        valid = valid * w.repeat_interleave(y[0].numel())  # (B·T,) each sample's weight
+    return (per * valid).sum() / valid.sum().clamp_min(1e-12)
+
+
 def grad_fn(
     model: nn.Module,
     program: LocalProgram,
@@ -197,7 +219,12 @@ def grad_fn(
             seen = {**full, **extras} if extras else full
             with _gated_inputs(model, program.input_gates, mapped):
                 logits = functional_call(model, forward, (xb,))
-        loss = cross_entropy(logits, yb) if wb is None else weighted_cross_entropy(logits, yb, wb)
+        if program.logit_mask is not None:
+            loss = masked_cross_entropy(logits, yb, seen[program.logit_mask], wb)
+        elif wb is None:
+            loss = cross_entropy(logits, yb)
+        else:
+            loss = weighted_cross_entropy(logits, yb, wb)
         total = loss if program.loss_hook is None else program.loss_hook(seen, loss)
         return total, loss
 

@@ -37,13 +37,13 @@ download is the dense ``U_{r−1}`` (32·N bits); the global model evaluated is 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fedcomm.algorithms import core
@@ -61,6 +61,7 @@ from fedcomm.algorithms.core.grouped import entry_masks
 from fedcomm.algorithms.fedbiad.bayes import (
     KL_COEF,
     S_TILDE,
+    kept_scale,
     kl_weight,
     likelihood_terms,
     local_data_loss,
@@ -139,6 +140,18 @@ class Config(AlgorithmConfig):
         "the m of Eq. 13); client = the client's likelihood terms alone (Eq. 5 read per round: "
         "an L2 pull of 1/(α|D_k|) that costs 8 points on the MNIST profile)",
     )
+    softmax_rows: Literal["zero", "kept"] = Field(
+        "zero",
+        description="the output layer's dropped rows in local training: zero (default: their "
+        "logits are 0 and stay in the softmax) or kept (a reading: the softmax runs over the "
+        "kept rows only, and a target whose row is dropped is left out of the step's mean); "
+        "kept needs drop_output_layer",
+    )
+    rescale_rows: bool = Field(
+        False,
+        description="a reading: the kept rows scaled by rows / kept (inverted dropout, "
+        "1/(1 − p)) in local training's forward pass and in the client's local model",
+    )
     pattern_scope: Literal["layer", "global"] = "layer"
     B: int = Field(2, ge=2, description="weight bound B of Eq. 13")
     weighting: Literal["num_examples", "uniform"] = "num_examples"
@@ -149,6 +162,15 @@ class Config(AlgorithmConfig):
         "the uploaded weights) or holders (averaged over the clients that kept the row, "
         "FedDrop's convention; sequential mlp/cnn models only). Server-side only: same bits",
     )
+
+    @model_validator(mode="after")
+    def _softmax_needs_output_rows(self) -> Config:
+        if self.softmax_rows == "kept" and not self.drop_output_layer:
+            raise ValueError(
+                "softmax_rows: kept needs drop_output_layer: true (with the output layer whole "
+                "every row is kept, and the softmax is the plain one)"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -183,6 +205,7 @@ def first_pattern(
 
 
 def client_result(
+    local_mask: Callable[[Tensor], Tensor],
     specs: Sequence[GroupSpec],
     down: Mapping[str, Tensor],
     data: ClientData,
@@ -199,7 +222,7 @@ def client_result(
     return ClientResult(
         uplink=encode_upload({k: trained[k] - down[k] for k in trained}, specs, beta_end),
         state=ClientState({k: v.detach() for k, v in track.scores.items()}),
-        local_params={k: t * sent[k] if k in sent else t for k, t in trained.items()},
+        local_params={k: t * local_mask(sent[k]) if k in sent else t for k, t in trained.items()},
         num_examples=data.num_examples,
         metrics={
             "train/loss": res.loss,
@@ -228,8 +251,20 @@ def make(cfg: Config) -> FedAlgorithm:
     def program_for(model: nn.Module, freeze: bool) -> _jobs.LocalProgram:  # one per structure
         hit = programs.get((id(model), freeze))
         if hit is None or hit[0] is not model:
-            hit = programs[(id(model), freeze)] = (model, local_program(model, cfg.kl, freeze))
+            program = local_program(
+                model,
+                cfg.kl,
+                freeze,
+                rescale=cfg.rescale_rows,
+                softmax_kept=cfg.softmax_rows == "kept",
+            )
+            hit = programs[(id(model), freeze)] = (model, program)
         return hit[1]
+
+    def local_mask(sent: Tensor) -> Tensor:
+        """A row mask as the client's local model applies it (scaled with ``rescale_rows``)."""
+        mask = sent.to(torch.get_default_dtype())
+        return mask * kept_scale(mask) if cfg.rescale_rows else mask
 
     def client_job(
         down: Mapping[str, Tensor], cstate: ClientState, data: ClientData, ctx: ClientContext
@@ -266,7 +301,7 @@ def make(cfg: Config) -> FedAlgorithm:
             data,
             ctx.local,
             batches,
-            partial(client_result, specs, u0, data, track, metrics),
+            partial(client_result, local_mask, specs, u0, data, track, metrics),
             frozen=frozen,
             draws=partial(weight_noise, params, u0, s_tilde, gen),
             after_step=check if stage_one else None,  # lines 18-26 (Eqs. 8-9)

@@ -47,6 +47,7 @@ from fedcomm.types import Params
 # a client's per-step tensors in its local job: row masks of β per parameter, the weight noise ε,
 # s̃ and the KL weight 1/(α·n_k) (n_k: likelihood terms, see likelihood_terms)
 ROW, EPS, S_TILDE, KL_COEF = "rows.", "eps.", "s_tilde", "kl_coef"
+LOGIT_KEEP = "logit_keep"  # (V,) the output layer's kept rows, for softmax_rows: kept
 
 
 class KLConfig(Protocol):
@@ -113,12 +114,32 @@ def kl_weight(cfg: KLConfig, terms: int, round_: int, steps: int) -> float:
 # --- the local step's hooks (pure functions of full = frozen | live) ----------------------------
 
 
-def perturbed_params(names: Sequence[str], full: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Algorithm 1, line 16: the forward parameters ``θ = β ∘ (U + s̃ε)``."""
+def kept_scale(mask: Tensor) -> Tensor:
+    """``rows / kept`` of one parameter's row mask (every row has the same entries, so the
+    entries' ratio is the rows'): inverted dropout's ``1 / (1 − p)`` up to rounding."""
+    return mask.numel() / mask.sum().clamp_min(1.0)
+
+
+def perturbed_params(
+    names: Sequence[str],
+    full: dict[str, Tensor],
+    *,
+    rescale: bool = False,
+    output_weight: str | None = None,
+) -> dict[str, Tensor]:
+    """Algorithm 1, line 16: the forward parameters ``θ = β ∘ (U + s̃ε)``; with ``rescale``
+    (``rescale_rows``, a reading) the kept rows times ``rows / kept``; with ``output_weight``
+    (``softmax_rows: kept``) also ``LOGIT_KEEP``, the output layer's row mask, for the loss's
+    softmax over the kept rows."""
     out = dict(full)
     for n in names:
         t = torch.addcmul(full[n], full[S_TILDE], full[EPS + n])  # one pass, fused
-        out[n] = t * full[ROW + n] if ROW + n in full else t
+        if ROW + n in full:
+            mask = full[ROW + n]
+            t = t * (mask * kept_scale(mask) if rescale else mask)
+        out[n] = t
+    if output_weight is not None:
+        out[LOGIT_KEEP] = full[ROW + output_weight][:, 0]  # (V,) 1 kept / 0 dropped
     return out
 
 
@@ -139,16 +160,33 @@ def frozen_rows(
     }
 
 
-def local_program(model: nn.Module, kl: bool, freeze: bool) -> _jobs.LocalProgram:
+def output_weight(model: nn.Module) -> str:
+    """The output layer's weight (``(V, H)``: one row per class), the last row layer's."""
+    spec = next(s for s in reversed(rows(model)) if s.is_output)
+    return next(n for n in spec.param_names if n.endswith("weight"))
+
+
+def local_program(
+    model: nn.Module,
+    kl: bool,
+    freeze: bool,
+    *,
+    rescale: bool = False,
+    softmax_kept: bool = False,
+) -> _jobs.LocalProgram:
     """The local step for ``model``'s structure: the perturbed forward pass, the KL on every
-    row of the model (``kl``), dropped rows restored after each step (``freeze``)."""
+    row of the model (``kl``), dropped rows restored after each step (``freeze``); the kept
+    rows scaled by ``rows / kept`` (``rescale``); the loss's softmax over the output layer's
+    kept rows only (``softmax_kept``, needs the output layer droppable)."""
     names = [n for n, _ in model.named_parameters()]
     rowed = {n for s in rows(model) for n in s.param_names}  # the KL's rows (all of them)
+    out_w = output_weight(model) if softmax_kept else None
     return _jobs.LocalProgram(
         loss_hook=partial(kl_term, rowed) if kl and rowed else None,
-        param_map=partial(perturbed_params, names),
+        param_map=partial(perturbed_params, names, rescale=rescale, output_weight=out_w),
         post_step=frozen_rows if freeze else None,
         post_reads_old=freeze,
+        logit_mask=LOGIT_KEEP if softmax_kept else None,
     )
 
 
