@@ -14,20 +14,16 @@ method claims.
 from __future__ import annotations
 
 import difflib
-import os
 from pathlib import Path
 
 from fedcomm.errors import InputError
+from fedcomm.reporting.cells import cell, difference_text, page_link
 from fedcomm.reporting.claims import Decided, Registry
+from fedcomm.reporting.headlines import PAPERS, headline, headline_claims, paper_headline
 from fedcomm.reporting.verdict import (
     IN_DIRECTION,
-    NOT_REPRODUCED,
-    PENDING,
     REPRODUCED,
     TOO_FEW,
-    Paired,
-    shown_decimals,
-    t_text,
 )
 
 MARKERS = {
@@ -36,29 +32,6 @@ MARKERS = {
     "diagnoses": ("<!-- diagnoses:begin -->", "<!-- diagnoses:end -->"),
     "untested": ("<!-- untested:begin -->", "<!-- untested:end -->"),
 }
-PAPERS = ("FedBIAD", "FedSparse", "FedDST", "ProgFed")
-
-
-def _cell(text: str) -> str:
-    """Text safe inside a markdown table cell (no pipes, no line breaks)."""
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def difference_text(p: Paired) -> str:
-    """``n = 3: d = +0.21 ± 0.05, t = 4.20 (2 df)``, in shown units, with the margin when it is not
-    0 (``t = +∞`` when SE is 0)."""
-    if p.mean is None:
-        return f"n = {p.n}"
-    places = shown_decimals(p.se, p.mean)
-    text = f"n = {p.n}: d = {p.mean:+.{places}f}"
-    if p.se is None:
-        return text
-    text += f" ± {p.se:.{places}f}"
-    if p.margin:
-        text += f" (margin {p.margin:+g})"
-    if p.t is None:
-        return text + ", t undefined (every d on the margin)"
-    return f"{text}, t = {t_text(p.t)} ({p.df} df)"
 
 
 def verdict_text(dec: Decided) -> str:
@@ -102,10 +75,6 @@ def design_text(dec: Decided) -> str:
     return f"{n}; {measure}; {reg}"
 
 
-def _page_link(registry: Registry, page: str, base: Path) -> str:
-    return os.path.relpath(registry.root / page, base).replace(os.sep, "/")
-
-
 def behaviours_table(
     registry: Registry, decided: list[Decided], base: Path, section: str = "behaviours"
 ) -> str:
@@ -117,105 +86,21 @@ def behaviours_table(
     ]
     for dec in (d for d in decided if d.section == section):
         beh = dec.behaviour
-        link = _page_link(registry, beh.page, base)
+        link = page_link(registry, beh.page, base)
         arms = f"{beh.a.label} vs {beh.b.label}"
         if dec.paired is None:
             olds = [f"{s.label}: {s.old}" for s in (beh.a, beh.b) if s.old]
             numbers = f"{arms}: no per-seed data" + (f" (old: {'; '.join(olds)})" if olds else "")
         else:
             numbers = f"{arms}, {difference_text(dec.paired)}"
-        claim = f"{_cell(beh.claim)}<br>*{_cell(beh.setting)}*"
+        claim = f"{cell(beh.claim)}<br>*{cell(beh.setting)}*"
         note = beh.note + (f" Settled by {beh.settled_by}." if beh.settled_by else "")
         rows.append(
-            f"| [{beh.paper}]({link}) | {claim} | {_cell(beh.paper_value)} | {_cell(numbers)} "
-            f"| {verdict_text(dec)} | {_cell(design_text(dec))} | {_cell(dec.sensitivity or '–')} "
-            f"| {_cell(note)} |"
+            f"| [{beh.paper}]({link}) | {claim} | {cell(beh.paper_value)} | {cell(numbers)} "
+            f"| {verdict_text(dec)} | {cell(design_text(dec))} | {cell(dec.sensitivity or '–')} "
+            f"| {cell(note)} |"
         )
     return "\n".join(rows)
-
-
-def headline(decided: list[Decided]) -> str:
-    """ "N of M counted behaviours reproduced by the rule (K in direction, not significant; J
-    not reproduced; P pending)", then how many rows are decided outside the headline and why."""
-    counted = [d for d in decided if d.standing.counted]
-    count = {v: sum(d.verdict == v for d in counted) for v in (REPRODUCED, IN_DIRECTION)}
-    count |= {v: sum(d.verdict == v for d in counted) for v in (NOT_REPRODUCED, PENDING, TOO_FEW)}
-    robust = sum(d.verdict == REPRODUCED and d.sensitivity.startswith("robust") for d in counted)
-    text = (
-        f"{count[REPRODUCED]} of {len(counted)} counted behaviours reproduced by the rule "
-        f"({robust} of them robust; {count[IN_DIRECTION]} in direction, not significant; "
-        f"{count[NOT_REPRODUCED]} not reproduced; {count[PENDING]} pending"
-    )
-    if count[TOO_FEW]:
-        text += f"; {count[TOO_FEW]} with too few seeds"
-    text += ")"
-    rows = [d for d in decided if d.section == "behaviours" and not d.standing.counted]
-    if rows:
-        why: dict[str, int] = {}
-        for d in rows:
-            for reason in d.standing.reasons:
-                why[reason] = why.get(reason, 0) + 1
-        reasons = "; ".join(f"{r}: {n}" for r, n in why.items())
-        are = "behaviour is" if len(rows) == 1 else "behaviours are"
-        text += (
-            f". {len(rows)} more {are} decided but not counted ({reasons}; "
-            f"{sum(d.verdict == REPRODUCED for d in rows)} of them reproduced)"
-        )
-    diagnoses = sum(d.section == "diagnoses" for d in decided)
-    if diagnoses:
-        text += f"; {diagnoses} diagnoses have their own table"
-    return text
-
-
-def headline_claims(registry: Registry, decided: list[Decided], base: Path) -> str:
-    """Per paper, its headline method claims (``headline: true``) and their verdicts."""
-    lines = []
-    for paper in PAPERS:
-        rows = [d for d in decided if d.behaviour.paper == paper and d.behaviour.headline]
-        if not rows:
-            continue
-        link = _page_link(registry, rows[0].behaviour.page, base)
-        items = []
-        for d in rows:
-            verdict = d.verdict if not d.waiting else f"pending, {d.waiting}"
-            extra = [] if d.standing.counted else [d.standing.text()]
-            if d.sensitivity and d.verdict == REPRODUCED:
-                extra.append(d.sensitivity.split(" (")[0])
-            more = f" ({'; '.join(extra)})" if extra else ""
-            items.append(f"{_cell(d.behaviour.claim)}: **{verdict}**{more}")
-        lines.append(f"- **[{paper}]({link})**: " + "; ".join(items) + ".")
-    return "\n".join(lines)
-
-
-def paper_headline(paper: str, registry: Registry, decided: list[Decided], base: Path) -> str:
-    """A paper page's block: its headline method claims, each with its id, verdict, numbers,
-    standing and sensitivity, then how many of the paper's behaviours the headline counts."""
-    mine = [d for d in decided if d.behaviour.paper == paper and d.section == "behaviours"]
-    link = _page_link(registry, "README.md", base)
-    lines = [
-        f"**Headline method claims**, decided by the rule under protocol v2 ([all rows and the "
-        f"rule]({link})):",
-        "",
-    ]
-    for d in (d for d in mine if d.behaviour.headline):
-        numbers = "" if d.paired is None else f"; {difference_text(d.paired)}"
-        extra = [] if d.standing.counted else [d.standing.text()]
-        if d.sensitivity:
-            extra.append(d.sensitivity)
-        more = f" ({'; '.join(extra)})" if extra else ""
-        verdict = d.verdict if not d.waiting else f"pending, {d.waiting}"
-        lines.append(
-            f"- {_cell(d.behaviour.claim)} (`{d.behaviour.id}`{numbers}): **{verdict}**{more}"
-        )
-    counted = [d for d in mine if d.standing.counted]
-    done = sum(d.verdict == REPRODUCED for d in counted)
-    lines += [
-        "",
-        f"Of this paper's {len(mine)} behaviours, {len(counted)} are counted in the headline "
-        f"({done} reproduced); the others were registered after their data or rest on typed "
-        "per-seed numbers.",
-    ]
-    return "\n".join(lines)
 
 
 def _table(header: str, rule: str, rows: list[list[str]]) -> str:
@@ -227,13 +112,13 @@ def checks_table(registry: Registry, base: Path) -> str:
     """The markdown table of the checks (counts and calibrated numbers)."""
     rows = [
         [
-            f"[{c.paper}]({_page_link(registry, c.page, base)})",
-            _cell(c.what),
+            f"[{c.paper}]({page_link(registry, c.page, base)})",
+            cell(c.what),
             c.kind,
-            _cell(c.paper_value),
-            _cell(c.fedcomm_value),
+            cell(c.paper_value),
+            cell(c.fedcomm_value),
             "yes" if c.agrees else "**no**",
-            _cell(c.note + (f" Settled by {c.settled_by}." if c.settled_by else "")),
+            cell(c.note + (f" Settled by {c.settled_by}." if c.settled_by else "")),
         ]
         for c in registry.checks
     ]
@@ -245,11 +130,11 @@ def untested_table(registry: Registry, base: Path) -> str:
     """The markdown table of the claims that cannot be tested here, with what would test them."""
     rows = [
         [
-            f"[{u.paper}]({_page_link(registry, u.page, base)})",
-            f"{_cell(u.claim)}<br>*{_cell(u.setting)}*",
-            _cell(u.paper_value),
-            _cell(u.needs),
-            _cell(u.note),
+            f"[{u.paper}]({page_link(registry, u.page, base)})",
+            f"{cell(u.claim)}<br>*{cell(u.setting)}*",
+            cell(u.paper_value),
+            cell(u.needs),
+            cell(u.note),
         ]
         for u in registry.untested
     ]
