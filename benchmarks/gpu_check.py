@@ -84,6 +84,7 @@ from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import backends as library_backends
 from fedcomm.simulation import device, loop
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.stages.partition import partition_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # backends.py, beside this file
 import backends
@@ -700,10 +701,7 @@ def profile_data(params: Params, name: str, small: bool, seed: int) -> tuple[Fed
             f"{name}: data.dataset.name: {ds!r} has no synthetic stand-in here "
             f"(allowed: {[*IMAGES, 'ptb']})"
         )
-    cfg = params.partition
-    fields = cfg.model_dump(exclude={"kind", "num_partitions", "test_fraction", "seed"})
-    spec = PartitionSpec(cfg.kind, cfg.num_partitions, fields, cfg.test_fraction, cfg.seed)
-    return federate(dataset, spec), what
+    return federate(dataset, partition_spec(params)), what
 
 
 def profile_loop_config(
