@@ -14,9 +14,10 @@ Each guard runs the REAL profile file (``pipeline/reproductions/fedsparse_cifar1
 the train stage's own builders (partition, model init, algorithm, loop config), seed 0, with only
 the keys in :data:`CUT` changed; the test checks that nothing else moved. The cut keeps the
 partition the numbers above were measured on, Dirichlet α 1.0 (the profile's α is 0.2 since
-issue 41's calibration; at α 0.2 FedDrop is 1.75 points behind FedAvg at round 30, seed 0). A regression in the
-image loader, the LeNet-5 model, FedDrop's masks, the Adam server or FedSparse's gates moves these
-numbers out of their bands. Costs ~3 min on 2 CPU cores (the decode of the 60,000 JPEGs included).
+issue 41's calibration; at α 0.2 FedDrop is 1.75 points behind FedAvg at round 30, seed 0). A
+regression in the image loader, the LeNet-5 model, FedDrop's masks, the Adam server or
+FedSparse's gates moves these numbers out of their bands. Costs ~3 min on 2 CPU cores (the
+decode of the 60,000 JPEGs included).
 """
 
 from __future__ import annotations
