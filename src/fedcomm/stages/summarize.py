@@ -28,6 +28,7 @@ from fedcomm.config import CURVE_COLUMNS, Params
 from fedcomm.evaluation.seeds import aggregate_seeds
 from fedcomm.evaluation.sim_time import has_sim_time, merge_sim_time, sim_time_summary
 from fedcomm.reporting.curves import long_curves
+from fedcomm.reporting.interactive import write_pages
 from fedcomm.reporting.sections import (  # noqa: F401  (re-exported: part of this stage's API)
     PairedRow,
     best_within_table,
@@ -222,4 +223,11 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
     table = curves(params, rounds)
     atomic.write_text(paths.reports / "curves.csv", table.write_csv())
     atomic.write_parquet(paths.reports / "curves.parquet", table)
-    return [*written, paths.reports / "metrics.json", paths.reports / "curves.csv"]
+    pages = write_pages(  # interactive.html and dvc plots show's template, Vega inline (issue 42)
+        paths.reports,
+        table,
+        title=params.summarize.title,
+        metric=params.evaluate.metric,
+        metric_label=_metric_name(params),
+    )
+    return [*written, paths.reports / "metrics.json", paths.reports / "curves.csv", *pages]
