@@ -2,7 +2,7 @@
 
 ``evaluate`` reads a run's ``train/`` folder (``rounds``, ``ledger`` and ``clients`` tables,
 ``model.safetensors``, ``run.json``); ``summarize`` reads every run's ``rounds`` table and
-``metrics.json``. Each reader raises :class:`RunFileError` (one line: the file, what is wrong,
+``summary.json``. Each reader raises :class:`RunFileError` (one line: the file, what is wrong,
 the command that rewrites it) when a file is missing, empty, truncated, corrupted or written by
 another version (columns or keys this version needs are absent; a model whose tensors do not fit
 the configured model; a run trained with other params than the current ones).
@@ -27,7 +27,7 @@ from fedcomm.types import Params
 ROUNDS_COLUMNS = ("round", "comm/cum_bytes", "comm/cum_gib", "global/accuracy")
 CLIENTS_COLUMNS = ("round", "client_id", "train_s")
 RUN_KEYS = ("config", "rounds")
-METRICS_KEYS = ("final", "best", "at_budget", "to_target")
+SUMMARY_KEYS = ("final", "best", "at_budget", "to_target")  # summary.json (evaluate stage)
 
 
 class RunFileError(InputError, ValueError):

@@ -245,7 +245,8 @@ def test_a_store_without_the_trained_run_is_named(project_copy: Path) -> None:
 def test_a_failed_evaluate_writes_no_metrics(project_copy: Path) -> None:
     _corrupt(project_copy / DB)
     assert CliRunner().invoke(app, COMMANDS["evaluate"]).exit_code == 2
-    assert not (project_copy / "runs" / "fedavg-s0" / "metrics.json").exists()
+    for output in ("summary.json", "metrics.json"):
+        assert not (project_copy / "runs" / "fedavg-s0" / output).exists()
 
 
 def test_damage_found_by_quick_check_is_named_on_one_line(tmp_path: Path) -> None:

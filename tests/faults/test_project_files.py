@@ -4,7 +4,7 @@ partition, the checkpoint, the datasets and the MLflow store (their own modules)
 - ``params.yaml`` (every command reads it; tried with ``train``);
 - a search space (``fedcomm sweep``);
 - a trained run's ``train/`` files (``evaluate`` reads all five);
-- a run's ``metrics.json`` and ``train/rounds.parquet`` (``summarize`` reads them).
+- a run's ``summary.json`` and ``train/rounds.parquet`` (``summarize`` reads them).
 
 Each is tried missing, empty, truncated, corrupted and from another version. Every case ends in
 exit status 2 and an ``error:`` line that names the file and the remedy, with no traceback, and
@@ -113,7 +113,7 @@ WRONG_VERSION: dict[str, Callable[[Path], None]] = {
     "clients.parquet": _renamed_column,
     "model.safetensors": _other_model,
     "run.json": _other_config,
-    "metrics.json": _old_json,
+    "summary.json": _old_json,
 }
 
 
@@ -206,21 +206,22 @@ TRAIN_FILES = [
 @pytest.mark.parametrize("fault", CASES)
 @pytest.mark.parametrize("name", TRAIN_FILES)
 def test_damaged_train_output_stops_evaluate(project: Path, name: str, fault: str) -> None:
-    for stale in ("metrics.json", "eval_clients.parquet"):
+    for stale in ("summary.json", "metrics.json", "eval_clients.parquet"):
         (project / RUN / stale).unlink()
     shutil.rmtree(project / RUN / "plots")
     path = project / RUN / "train" / name
     _damage(path, fault)
     _fails_cleanly(project, ["evaluate", "--run", "fedavg"], path, TRAIN_REMEDY)
-    assert not (project / RUN / "metrics.json").exists()  # nothing half-written
+    for output in ("summary.json", "metrics.json"):
+        assert not (project / RUN / output).exists()  # nothing half-written
 
 
 @pytest.mark.parametrize("fault", CASES)
-@pytest.mark.parametrize("name", ["metrics.json", "train/rounds.parquet"])
+@pytest.mark.parametrize("name", ["summary.json", "train/rounds.parquet"])
 def test_damaged_run_output_stops_summarize(project: Path, name: str, fault: str) -> None:
     path = project / RUN / name
     _damage(path, fault)
-    remedy = EVAL_REMEDY if name == "metrics.json" else TRAIN_REMEDY
+    remedy = EVAL_REMEDY if name == "summary.json" else TRAIN_REMEDY
     _fails_cleanly(project, ["summarize"], path, remedy)
     assert not (project / "reports").exists()
 

@@ -114,7 +114,7 @@ def test_feddst_family_on_lotteryfl_shards_with_upload_caps(project: Path) -> No
             assert res.exit_code == 0, (run, stage, res.output, res.exception)
     assert cli.invoke(app, ["summarize"]).exit_code == 0
     caps = {
-        run: json.loads((project / "runs" / f"{run}-s0" / "metrics.json").read_text())[
+        run: json.loads((project / "runs" / f"{run}-s0" / "summary.json").read_text())[
             "at_upload_cap"
         ]
         for run in algorithms
@@ -147,7 +147,7 @@ def test_feddst_family_on_lotteryfl_shards_with_upload_caps(project: Path) -> No
 def test_progfed_with_lq_and_sp_uplinks_runs_from_params(project: Path) -> None:
     """ProgFed (S = 2, one warm-up round) and its end-to-end baseline with LQ-8, LQ-2, SP-10 and
     LQ8+SP10 uplinks: ``fedcomm train/evaluate/summarize``, stage metrics in MLflow, the
-    warm-up round run on top of ``train.rounds``, the cost ratio in metrics.json."""
+    warm-up round run on top of ``train.rounds``, the cost ratio in summary.json."""
     import json
 
     import polars as pl
@@ -188,7 +188,7 @@ def test_progfed_with_lq_and_sp_uplinks_runs_from_params(project: Path) -> None:
     assert rounds["progfed/stage"].to_list() == [1, 2, 2, 2, 2]
     assert rounds["progfed/warmup"].to_list() == [0, 1, 0, 0, 0]
     metrics = {
-        run: json.loads((project / "runs" / f"{run}-s0" / "metrics.json").read_text())
+        run: json.loads((project / "runs" / f"{run}-s0" / "summary.json").read_text())
         for run in algorithms
     }
     cost = {run: m["comm"]["cost_vs_dense_e2e"] for run, m in metrics.items()}

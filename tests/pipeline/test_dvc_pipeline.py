@@ -15,6 +15,7 @@ import yaml
 from mlflow import MlflowClient
 
 from fedcomm.config import load_params
+from fedcomm.evaluation.headline import HEADLINE_KEYS
 from tests.conftest import REPO
 from tests.pipeline._repo import build_repo, commit, sh, shell_env
 
@@ -49,17 +50,26 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
     assert "## Upload per client per round" in summary
     for png in ("global_accuracy_vs_gib", "local_accuracy_vs_gib", "accuracy_vs_round"):
         assert (repo / "reports" / "plots" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
-    metrics = json.loads((repo / "reports" / "metrics.json").read_text())
-    assert set(metrics) == set(params.experiment.runs)
-    run_metrics = json.loads((repo / "runs" / "fedavg-s0" / "metrics.json").read_text())
+    over_seeds = json.loads((repo / "reports" / "summary.json").read_text())
+    assert set(over_seeds) == set(params.experiment.runs)
+    assert not (repo / "reports" / "metrics.json").exists()  # not a DVC metric any more
+    run_summary = json.loads((repo / "runs" / "fedavg-s0" / "summary.json").read_text())
     rounds = pl.read_parquet(repo / "runs" / "fedavg-s0" / "train" / "rounds.parquet")
-    assert run_metrics["final"]["global/accuracy"] == rounds["global/accuracy"][-1]
-    assert 0.0 < run_metrics["final"]["global/accuracy"] <= 1.0
-    assert run_metrics["saved_model"]["global/accuracy"] == pytest.approx(
-        run_metrics["final"]["global/accuracy"]
-    )
+    evaluated = rounds.sort("round")["global/accuracy"].drop_nulls()
+    k = params.evaluate.last_k
+    final = run_summary["final"]["global/accuracy"]
+    assert final == pytest.approx(float(evaluated.tail(k).mean()))  # type: ignore[arg-type]
+    assert 0.0 < final <= 1.0
+    # the saved model is the last round's
+    assert run_summary["saved_model"]["global/accuracy"] == pytest.approx(evaluated[-1])
     # mlp 64-16-10: 1,210 fp32 parameters per dense upload
-    assert run_metrics["upload"]["bytes_per_client_round"] == 1210 * 4
+    assert run_summary["upload"]["bytes_per_client_round"] == 1210 * 4
+    headline = json.loads((repo / "runs" / "fedavg-s0" / "metrics.json").read_text())
+    targets = [f"gib_to_{t:g}" for t in params.evaluate.targets]
+    assert list(headline) == [*HEADLINE_KEYS, *targets]
+    assert headline["final_acc"] == final
+    assert headline["up_gib"] == run_summary["final"]["comm/up_gib"]
+    assert headline["save_x"] == pytest.approx(1 / run_summary["comm"]["cost_vs_dense_e2e"])
     # one MLflow run per (algorithm, seed), finished, with the per-round curves and artifacts
     assert _runs(repo) == [
         ("fedadam-s0", "FINISHED", ""),
@@ -82,6 +92,13 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
 def test_dvc_reports_metrics_and_plots(repo: Path) -> None:
     shown = json.loads(_sh(repo, "dvc", "metrics", "show", "--json"))
     assert shown  # parsed by DVC
+    # the runs' headline numbers, one row each, readable in a terminal of 200 columns
+    table = _sh(repo, "dvc", "metrics", "show")
+    params = load_params(repo / "params.yaml")
+    rows = [line for line in table.splitlines() if "/metrics.json" in line]
+    assert len(rows) == len(params.experiment.runs) * len(params.experiment.seeds)
+    assert "final_acc" in table and "summary.json" not in table
+    assert max(len(line) for line in table.splitlines()) <= 200, table
     out = _sh(repo, "dvc", "plots", "show", "-o", "dvc_plots")
     assert "index.html" in out and (repo / "dvc_plots" / "index.html").is_file()
     # the default pipeline (`dvc status` alone also lists the opt-in sweep stages, never run)

@@ -112,7 +112,7 @@ def _train_files(build: Path, run: str) -> dict[str, tuple[int, int]]:
 
 
 def _untimed(node: Any) -> Any:
-    """A metrics.json without its wall-clock entries (``time``, ``tta_s``)."""
+    """A summary.json without its wall-clock entries (``time``, ``tta_s``)."""
     if isinstance(node, dict):
         return {k: _untimed(v) for k, v in node.items() if k not in ("time", "tta_s")}
     return node
@@ -127,7 +127,7 @@ def _numbers(build: Path, run: str) -> dict[str, Any]:
         "rounds": rounds.select([c for c in rounds.columns if not c.startswith("time/")]),
         "ledger": pl.read_parquet(folder / "train" / "ledger.parquet"),
         "model": {k: v.tolist() for k, v in model.items()},
-        "metrics": _untimed(json.loads((folder / "metrics.json").read_text())),
+        "metrics": _untimed(json.loads((folder / "summary.json").read_text())),
     }
 
 

@@ -227,7 +227,7 @@ def check_outputs(params: Params, written: list[Path]) -> None:
                 assert (sent["payload_bits"] > 0).all(), (run, direction)
             final = rounds.filter(pl.col(metric).is_not_null())[metric].to_list()
             assert final and all(0.0 <= a <= 1.0 for a in final), (run, final)
-            summary = json.loads((paths.run_dir(run, seed) / "metrics.json").read_text())
+            summary = json.loads((paths.run_dir(run, seed) / "summary.json").read_text())
             saved = summary["saved_model"][metric]
             assert 0.0 <= saved <= 1.0 and saved == pytest.approx(final[-1], abs=1e-6), run
             assert (paths.run_dir(run, seed) / "eval_clients.parquet").is_file()

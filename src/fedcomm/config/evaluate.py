@@ -37,6 +37,12 @@ class EvaluateConfig(Strict):
         "over the evaluations whose time/sim_elapsed_s is within each, the rule of budgets_gib",
     )
     link: LinkConfig = Field(default_factory=LinkConfig)
+    last_k: int = Field(
+        5,
+        ge=1,
+        description="final accuracy (and loss) = the mean of each run's last k evaluations: "
+        "metrics.json, summary.md, fedcomm report and sweeps alike (the decision rule's last_k)",
+    )
     metric: Literal["global/accuracy", "topk/accuracy"] = Field(
         "global/accuracy",
         description="the accuracy budgets, caps and targets refer to (topk: train.topk, e.g. "

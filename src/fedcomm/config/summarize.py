@@ -3,7 +3,7 @@ columns the summarize stage keeps (``CURVE_COLUMNS``)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -26,7 +26,7 @@ POINTS_METRICS = ("global_accuracy", "local_accuracy", "topk_accuracy", "model_s
 
 class PairedConfig(Strict):
     """One ``summarize.paired`` comparison: ``d = a − b`` per seed of a curve's final value (the
-    mean of its last ``summarize.last_k`` evaluations), decided by the one-sided paired t rule
+    mean of its last ``evaluate.last_k`` evaluations), decided by the one-sided paired t rule
     (``a − b > margin`` for ``greater``, ``< margin`` for ``less``; 95%, t at n − 1 df)."""
 
     a: str
@@ -61,9 +61,18 @@ class PairedConfig(Strict):
 
 class SummarizeConfig(Strict):
     title: str = "fedcomm experiment"
-    last_k: int = Field(
-        5, ge=1, description="final accuracy = the mean of each seed's last k evaluations"
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _last_k_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "last_k" in data:
+            raise ValueError(
+                "last_k moved to evaluate.last_k (one meaning of a final accuracy in "
+                f"metrics.json, summary.md, fedcomm report and sweeps): set evaluate.last_k: "
+                f"{data['last_k']!r} instead"
+            )
+        return data
+
     paired: list[PairedConfig] = Field(
         default_factory=list, description="paired comparisons over seeds (the decision rule)"
     )

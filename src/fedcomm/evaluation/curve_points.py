@@ -27,6 +27,18 @@ def last_value(frame: pl.DataFrame, column: str) -> float | None:
     return json_float(values[-1]) if len(values) else None
 
 
+def final_value(frame: pl.DataFrame, column: str, last_k: int) -> float | None:
+    """ "Final": the mean of the last ``last_k`` values (by round) of ``column`` where it is
+    non-null and not NaN (fewer when fewer were measured; ``last_k = 1``: :func:`last_value`).
+    fedcomm's one meaning of a final accuracy: the decision rule's, the reports', the sweeps'."""
+    if last_k < 1:
+        raise ValueError(f"last_k must be >= 1 (got {last_k})")
+    if column not in frame.columns:
+        return None
+    values = frame.sort("round")[column].cast(pl.Float64).fill_nan(None).drop_nulls()
+    return json_float(values.tail(last_k).mean()) if len(values) else None
+
+
 def best_value(frame: pl.DataFrame, column: str) -> tuple[float | None, int | None]:
     """The maximum of ``column`` and the first round reaching it (``(None, None)`` if none)."""
     if column not in frame.columns:

@@ -23,6 +23,7 @@ from fedcomm.evaluation.caps import CapAxis, best_within_upload_cap
 from fedcomm.evaluation.curve_points import (
     best_value,
     best_within_budget,
+    final_value,
     first_round_reaching,
     json_float,
     last_value,
@@ -32,14 +33,16 @@ from fedcomm.evaluation.sim_time import merge_sim_time, sim_time_summary
 from fedcomm.evaluation.traffic import bytes_from_rounds, cumulative_at_rounds, cumulative_bytes
 
 ACCURACY = "global/accuracy"
-_FINAL_METRICS = (
+LAST_K = 5  # "final" = the mean of the last 5 evaluations (evaluate.last_k; the rule's last_k)
+# averaged over the last k evaluations (evaluated metrics); the others are the last round's value
+FINAL_MEANS = (
     "global/accuracy",
     "global/loss",
     "local/accuracy",
     "local/accuracy_weighted",
-    "local/coverage",
-    "model/sparsity",
+    "topk/accuracy",
 )
+_FINAL_LAST = ("local/coverage", "model/sparsity")
 
 
 def _key(x: float) -> str:
@@ -61,11 +64,13 @@ def _to_target(table: pl.DataFrame, column: str, target: float) -> dict[str, flo
     }
 
 
-def _final(table: pl.DataFrame) -> dict[str, float | None]:
-    """Last non-null value of each metric, plus total communication (GiB) from the ledger."""
-    out = {m: last_value(table, m) for m in _FINAL_METRICS}
+def _final(table: pl.DataFrame, last_k: int) -> dict[str, float | None]:
+    """Accuracies and loss: the mean of their last ``last_k`` evaluations; coverage and sparsity:
+    the last measured value; plus total communication (GiB) from the ledger."""
+    out = {m: final_value(table, m, last_k) for m in FINAL_MEANS if m != "topk/accuracy"}
     if "topk/accuracy" in table.columns:
-        out["topk/accuracy"] = last_value(table, "topk/accuracy")
+        out["topk/accuracy"] = final_value(table, "topk/accuracy", last_k)
+    out |= {m: last_value(table, m) for m in _FINAL_LAST}
     up = float(table["cum_up_bytes"][-1]) if table.height else 0.0
     down = float(table["cum_down_bytes"][-1]) if table.height else 0.0
     out["comm/cum_gib"] = (up + down) / GIB
@@ -143,10 +148,13 @@ def summarize_run(
     target_metric: str = ACCURACY,
     upload_cap_axis: CapAxis = "up_down",
     time_budgets_h: Sequence[float] = (),
+    last_k: int = LAST_K,
 ) -> dict[str, Any]:
-    """Summarise one run as a nested, JSON-serialisable dict (the run's DVC metrics).
+    """Summarise one run as a nested, JSON-serialisable dict (the evaluate stage's
+    ``summary.json``; its headline numbers are the run's DVC metrics).
 
-    Keys: ``final`` (last measured value of each metric and total GiB up / down / both),
+    Keys: ``final`` (accuracies and loss: the mean of the last ``last_k`` evaluations; sparsity
+    and coverage: the last measured value; total GiB up / down / both),
     ``best`` (best global and local accuracy and their rounds), ``at_budget`` (best accuracy
     within each cumulative GiB budget, up + down), ``at_upload_cap`` (best accuracy within each
     upload cap on ``upload_cap_axis``, FedDST's tables), ``to_target`` (round, GiB, bytes and
@@ -178,13 +186,14 @@ def summarize_run(
             reading that reproduces FedDST's Table 1) or ``up`` (upload only).
         time_budgets_h: simulated-time budgets in hours (read only when the run has simulated
             time).
+        last_k: how many of the last evaluations a final accuracy averages (1: the last).
 
     Returns:
         The summary; missing values are ``None``.
     """
     table = run_table(rounds, ledger, clients, link=link, server_s=server_s)
     summary = {
-        "final": _final(table),
+        "final": _final(table, last_k),
         "best": _best(table),
         "at_budget": {_key(b): best_within_budget(table, target_metric, b) for b in budgets_gib},
         "at_upload_cap": {

@@ -28,7 +28,7 @@ import polars as pl
 from fedcomm import atomic
 from fedcomm.config import ConfigError
 from fedcomm.evaluation.round_time import DEFAULT_LINK, LinkModel
-from fedcomm.evaluation.summaries import summarize_run
+from fedcomm.evaluation.summaries import LAST_K, summarize_run
 from fedcomm.reporting.plots import metric_axis
 from fedcomm.reporting.run_groups import select_runs
 from fedcomm.reporting.sections import budget_and_target_sections
@@ -42,7 +42,8 @@ from fedcomm.tracking.query import (
     find_runs,
 )
 
-EVAL_SUMMARY = "metrics.json"  # logged by the evaluate stage; its model-size-based parts are used
+EVAL_SUMMARY = "summary.json"  # logged by the evaluate stage; its model-size-based parts are used
+OLD_EVAL_SUMMARY = "metrics.json"  # the same summary, as runs evaluated before issue 42 logged it
 _FROM_EVALUATE = ("upload", "comm")  # summary keys that need the dense model's size
 
 
@@ -55,7 +56,7 @@ class LoadedRun:
         group: its group label (value of the ``group_by`` tag).
         rounds: its ``rounds.parquet`` table.
         summary: :func:`summarize_run` output, plus ``upload``/``comm`` from the evaluate
-            stage's ``metrics.json`` when the run has one.
+            stage's ``summary.json`` when the run has one.
     """
 
     record: RunRecord
@@ -78,11 +79,19 @@ def describe_filter(
 
 
 def _evaluate_parts(path: Path | None) -> dict[str, Any]:
-    """The ``upload`` and ``comm`` parts of an evaluate-stage ``metrics.json`` (if any)."""
+    """The ``upload`` and ``comm`` parts of an evaluate-stage ``summary.json`` (if any)."""
     if path is None:
         return {}
     data = json.loads(path.read_text())
     return {k: data[k] for k in _FROM_EVALUATE if isinstance(data.get(k), dict)}
+
+
+def _eval_summary_name(rec: RunRecord) -> str | None:
+    """The evaluate stage's summary among the run's artifacts: ``summary.json``, or the full
+    ``metrics.json`` of a run evaluated before the headline file took that name."""
+    if EVAL_SUMMARY in rec.artifacts:
+        return EVAL_SUMMARY
+    return OLD_EVAL_SUMMARY if OLD_EVAL_SUMMARY in rec.artifacts else None
 
 
 def load_run(
@@ -102,12 +111,13 @@ def load_run(
         tmp: scratch directory (the files are read into memory before returning).
         summary_options: keyword arguments of :func:`summarize_run` (budgets, targets, link...).
     """
-    names = [*TABLES, *([EVAL_SUMMARY] if EVAL_SUMMARY in rec.artifacts else [])]
+    evaluated = _eval_summary_name(rec)
+    names = [*TABLES, *([evaluated] if evaluated else [])]
     files = download_tables(uri, rec.run_id, tmp / rec.run_id, names)
     rounds, ledger, clients = (pl.read_parquet(files[name]) for name in TABLES)
     server_s = rounds["time/server_s"] if "time/server_s" in rounds.columns else None
     summary = summarize_run(rounds, ledger, clients, server_s=server_s, **summary_options)
-    summary |= _evaluate_parts(files.get(EVAL_SUMMARY))
+    summary |= _evaluate_parts(files.get(evaluated) if evaluated else None)
     return LoadedRun(rec, group, rounds, summary)
 
 
@@ -234,6 +244,7 @@ def compare_runs(
     title: str = "fedcomm comparison",
     link: LinkModel = DEFAULT_LINK,
     time_budgets_h: Sequence[float] = (),
+    last_k: int = LAST_K,
 ) -> list[Path]:
     """Write a comparison report of the finished training runs matching the filters.
 
@@ -253,6 +264,8 @@ def compare_runs(
         link: link bandwidths (Mbit/s) for time-to-accuracy.
         time_budgets_h: simulated-time budgets (hours): best accuracy within each, for runs
             with a ``system`` section (their ``time/sim_elapsed_s``).
+        last_k: final accuracy = the mean of each run's last ``last_k`` evaluations (the
+            evaluate stage's and the decision rule's meaning; 5 by default).
 
     Returns:
         The written paths: the three plots, ``summary.md``, ``runs.parquet``.
@@ -275,11 +288,14 @@ def compare_runs(
         "link": link,
         "target_metric": metric,
         "time_budgets_h": time_budgets_h,
+        "last_k": last_k,
     }
     with tempfile.TemporaryDirectory(prefix="fedcomm-report-") as tmp:
         runs = [load_run(uri, rec, g, Path(tmp), summary_options=options) for g, rec in chosen]
     _check_metric(runs, metric)
-    return _write(out_dir, runs, notes, uri=uri, title=title, metric=metric, link=link)
+    return _write(
+        out_dir, runs, notes, uri=uri, title=title, metric=metric, link=link, last_k=last_k
+    )
 
 
 def _closing_notes(runs: Sequence[LoadedRun], link: LinkModel) -> list[str]:
@@ -295,10 +311,10 @@ def _closing_notes(runs: Sequence[LoadedRun], link: LinkModel) -> list[str]:
             "availability and no simulated compute; the simulated hours are the runs' own "
             "`system` clock."
         )
-    missing = sum(EVAL_SUMMARY not in r.record.artifacts for r in runs)
+    missing = sum(_eval_summary_name(r.record) is None for r in runs)
     if missing:
         notes.append(
-            f"{missing} of {len(runs)} runs have no `metrics.json` (evaluate stage not run): "
+            f"{missing} of {len(runs)} runs have no `summary.json` (evaluate stage not run): "
             "their upload columns are empty."
         )
     return notes
@@ -313,6 +329,7 @@ def _write(
     title: str,
     metric: str,
     link: LinkModel,
+    last_k: int,
 ) -> list[Path]:
     """The report files: ``summary.md`` with plots (:func:`write_report`), ``runs.parquet``."""
     rounds: dict[str, list[pl.DataFrame]] = {}
@@ -332,6 +349,7 @@ def _write(
         notes=[*notes, *_closing_notes(runs, link)],
         sections=sections,
         metric=metric,
+        last_k=last_k,
     )
     table = out_dir / "runs.parquet"
     atomic.write_parquet(table, runs_frame(runs))

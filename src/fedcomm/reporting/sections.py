@@ -239,7 +239,7 @@ class PairedRow:
     result: Paired
 
     def as_dict(self, last_k: int) -> dict[str, Any]:
-        """The numbers for ``reports/metrics.json``."""
+        """The numbers for ``reports/summary.json``."""
         return {
             "a": self.a,
             "b": self.b,

@@ -79,38 +79,6 @@ def summary_table(per_algorithm: Mapping[str, Sequence[Mapping[str, Any]]]) -> p
     return pl.DataFrame(rows, schema=schema)
 
 
-FINAL_MEANS = ("global/accuracy", "local/accuracy", "topk/accuracy")
-
-
-def last_k_finals(
-    per_algorithm_rounds: Mapping[str, Sequence[pl.DataFrame]],
-    per_algorithm_summaries: Mapping[str, Sequence[Mapping[str, Any]]],
-    last_k: int,
-) -> dict[str, list[dict[str, Any]]]:
-    """The run summaries with each final accuracy (:data:`FINAL_MEANS`) replaced by the mean of
-    the seed's last ``last_k`` evaluations in its rounds table (null rounds skipped), not one
-    noisy point. Totals and sparsity keep the last round's value.
-
-    Args:
-        per_algorithm_rounds: algorithm -> rounds tables of its seeds.
-        per_algorithm_summaries: algorithm -> run summaries of the same seeds, in order.
-        last_k: how many evaluations to average (1 = the last measured round).
-    """
-    out: dict[str, list[dict[str, Any]]] = {}
-    for algorithm, summaries in per_algorithm_summaries.items():
-        tables = per_algorithm_rounds[algorithm]
-        out[algorithm] = []
-        for summary, table in zip(summaries, tables, strict=True):
-            final = dict(summary.get("final") or {})
-            for key in FINAL_MEANS:
-                if key in table.columns:
-                    evaluated = table.sort("round")[key].drop_nulls()
-                    if evaluated.len():
-                        final[key] = float(evaluated.tail(last_k).mean())  # type: ignore[arg-type]
-            out[algorithm].append({**summary, "final": final})
-    return out
-
-
 def format_value(mean: float | None, se: float | None, kind: Kind, *, seeds: int) -> str:
     """``"mean ± se"``: percent with 2 decimals or GiB with 4 significant digits.
 
@@ -166,7 +134,7 @@ def render_markdown(
     plots: Sequence[tuple[str, str]],
     notes: Sequence[str] = (),
     sections: Sequence[str] = (),
-    last_k: int | None = None,
+    last_k: int,
 ) -> str:
     """A markdown report: title, the results table, extra sections, the plot images, then notes.
 
@@ -176,15 +144,15 @@ def render_markdown(
         plots: ``(caption, relative path)`` per image.
         notes: free-text bullet points.
         sections: ready markdown blocks placed after the results table.
-        last_k: the number of evaluations the final accuracies average (None or 1: the last
+        last_k: the number of evaluations the final accuracies average (1: the last
             measured round), for the table's header line.
 
     Returns:
         The markdown text (ends with a newline).
     """
     lines = [f"# {title}", "", "## Results", ""]
-    if last_k is None or last_k == 1:
-        final = "final = last measured round"
+    if last_k == 1:
+        final = "final = the last evaluation"
     else:
         final = (
             f"final accuracy = mean of each seed's last {last_k} evaluations "
@@ -212,7 +180,7 @@ def write_report(
     notes: Sequence[str] = (),
     sections: Sequence[str] = (),
     metric: str = "global/accuracy",
-    last_k: int | None = None,
+    last_k: int,
 ) -> list[Path]:
     """Write ``summary.md`` and ``plots/*.png`` under ``out_dir``.
 
@@ -225,8 +193,9 @@ def write_report(
         sections: extra markdown blocks after the results table.
         metric: the global accuracy the first and third plots show (``topk/accuracy`` for
             next-word prediction, ``evaluate.metric``).
-        last_k: final accuracy = the mean of each seed's last ``last_k`` evaluations
-            (:func:`last_k_finals`); None: the summaries' own final (the last measured round).
+        last_k: the rule of the summaries' final accuracies (the mean of each seed's last
+            ``last_k`` evaluations, :func:`~fedcomm.evaluation.summaries.summarize_run`), for
+            the table's header.
 
     Returns:
         The written paths: the three plots (four when the runs have simulated time: accuracy
@@ -245,10 +214,6 @@ def write_report(
         written.append(sim_plot)
     label = metric_axis(metric)[0].removesuffix(" (%)")  # "Top-k accuracy"
     captions = [c.replace("Global accuracy", label) for _, c in plots]
-    if last_k is not None:
-        per_algorithm_summaries = last_k_finals(
-            per_algorithm_rounds, per_algorithm_summaries, last_k
-        )
     markdown = render_markdown(
         summary_table(per_algorithm_summaries),
         title=title,

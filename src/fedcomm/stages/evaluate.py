@@ -1,5 +1,6 @@
 """The evaluate stage: the summaries of a finished run and its saved model's evaluation on every
-client (``runs/<run>-s<seed>/metrics.json``, ``eval_clients.parquet`` and ``plots/``)."""
+client (``runs/<run>-s<seed>/summary.json``, its headline numbers in ``metrics.json`` (the DVC
+metrics), ``eval_clients.parquet`` and ``plots/``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.core import split_members
 from fedcomm.comm import bits
 from fedcomm.config import Params
+from fedcomm.evaluation.headline import run_headline
 from fedcomm.evaluation.round_time import LinkModel
 from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.evaluation.traffic import upload_ratios
@@ -29,10 +31,11 @@ from fedcomm.tracking import mlflow as tracking
 def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) -> dict[str, Any]:
     """Summaries of a finished run plus the saved model's per-client evaluation.
 
-    Writes ``runs/<name>/metrics.json`` (final, best, at_budget, at_upload_cap, to_target, time,
-    upload, saved_model)
-    and ``runs/<name>/eval_clients.parquet`` (the final global model on each client's test
-    split), and logs the summaries to the run's MLflow run.
+    Writes ``runs/<name>/summary.json`` (final, best, at_budget, at_upload_cap, to_target, time,
+    upload, comm, saved_model), ``runs/<name>/metrics.json`` (its headline numbers,
+    :mod:`fedcomm.evaluation.headline`: what ``dvc metrics show`` lists) and
+    ``runs/<name>/eval_clients.parquet`` (the final global model on each client's test split),
+    and logs the headline numbers and the summary to the run's MLflow run. Returns the summary.
     """
     out = paths.run_dir(run, seed)
     remedy = run_files.train_remedy(run, seed)
@@ -60,6 +63,7 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         link=LinkModel(ev.link.down_mbps, ev.link.up_mbps),
         target_metric=ev.metric,
         time_budgets_h=ev.time_budgets_h,
+        last_k=ev.last_k,
     )
     model = build_run_model(params, data, seed)
     algorithm = build_algorithm(params.algorithm(run))
@@ -85,12 +89,16 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         "global/loss": g.loss,
         "topk/accuracy": g.topk.get(params.train.topk),
     }
-    atomic.write_json(out / "metrics.json", summary)
+    headline = run_headline(summary, metric=ev.metric, targets=ev.targets)
+    atomic.write_json(out / "summary.json", summary)
+    atomic.write_json(out / "metrics.json", headline)
     plots = run_plots(run_name(run, seed), rounds, out / "plots")
     if tr is not None:
         flat = {k: float(v) for k, v in tracking.flatten(summary).items() if _is_float(v)}
+        tr.log_metrics({k: float(v) for k, v in headline.items() if v is not None})
         tr.log_metrics({f"summary/{k}": v for k, v in flat.items()})
         tr.log_artifact(out / "eval_clients.parquet")
+        tr.log_artifact(out / "summary.json")
         tr.log_artifact(out / "metrics.json")
         for png in plots:
             tr.log_artifact(png, "plots")

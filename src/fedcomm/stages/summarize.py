@@ -2,17 +2,20 @@
 
 Writes ``reports/summary.md`` (a table per algorithm: final/best global and local accuracy, GiB
 up/down, sparsity, mean ± standard error over seeds; final accuracy = the mean of each seed's
-last ``summarize.last_k`` evaluations) with its PNG plots and the ``summarize.paired``
-comparisons decided by the rule (paired t over seeds), ``reports/metrics.json`` (the same
-numbers for ``dvc metrics show``/``diff``, the comparisons under ``paired``) and
+last ``evaluate.last_k`` evaluations, as in each run's ``metrics.json``) with its PNG plots and
+the ``summarize.paired`` comparisons decided by the rule (paired t over seeds),
+``reports/summary.json`` (the same numbers over seeds, the comparisons under ``paired``; not a
+DVC metric: ``dvc metrics show`` lists the runs' headline numbers) and
 ``reports/curves.csv`` (long format: run, seed, round, cumulative GiB and upload bytes,
-accuracies, sparsity; for ``dvc plots`` and ``fedcomm verdicts``).
+accuracies, sparsity; for ``dvc plots`` and ``fedcomm verdicts``), and ``reports/interactive.html``
+(the curves, mean ± SE over seeds, Vega inline) with ``reports/dvc_plots_template.html``
+(``dvc plots show``'s page template, ``.dvc/config``).
 
 Runs with a ``system`` section (simulated time, issue 30) also get, recomputed here from each
 seed's rounds table: a "Simulated time" section (simulated hours, clients per round), the best
 accuracy within each ``evaluate.time_budgets_h``, the simulated hours to each target, the plot
 of accuracy against GiB beside accuracy against simulated hours, ``sim`` and
-``at_time_budget_h`` in ``metrics.json`` and the ``sim_elapsed_s`` column in ``curves.csv``.
+``at_time_budget_h`` in ``summary.json`` and the ``sim_elapsed_s`` column in ``curves.csv``.
 Without simulated time every output is what it was before.
 """
 
@@ -36,11 +39,11 @@ from fedcomm.reporting.sections import (  # noqa: F401  (re-exported: part of th
     paired_section,
     upload_section,
 )
-from fedcomm.reporting.summary import last_k_finals, write_report
+from fedcomm.reporting.summary import write_report
 from fedcomm.reporting.verdict import final_per_seed, paired
 from fedcomm.run_files import (
-    METRICS_KEYS,
     ROUNDS_COLUMNS,
+    SUMMARY_KEYS,
     evaluate_remedy,
     read_json,
     read_table,
@@ -52,7 +55,7 @@ from fedcomm.stages.paths import Paths
 def collect(
     params: Params, paths: Paths
 ) -> tuple[dict[str, list[pl.DataFrame]], dict[str, list[dict[str, Any]]]]:
-    """Per run label: the rounds tables and the metrics.json summaries of its seeds."""
+    """Per run label: the rounds tables and the summary.json summaries of its seeds."""
     rounds: dict[str, list[pl.DataFrame]] = {}
     summaries: dict[str, list[dict[str, Any]]] = {}
     for run in params.experiment.runs:
@@ -62,7 +65,7 @@ def collect(
                 d / "train" / "rounds.parquet", ROUNDS_COLUMNS, train_remedy(run, seed)
             )
             rounds.setdefault(run, []).append(table)
-            metrics = read_json(d / "metrics.json", METRICS_KEYS, evaluate_remedy(run, seed))
+            metrics = read_json(d / "summary.json", SUMMARY_KEYS, evaluate_remedy(run, seed))
             summaries.setdefault(run, []).append(with_sim_time(params, table, metrics))
     return rounds, summaries
 
@@ -92,7 +95,7 @@ def curves(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> pl.DataFram
 
 def paired_comparisons(params: Params, rounds: dict[str, list[pl.DataFrame]]) -> list[PairedRow]:
     """Each ``summarize.paired`` comparison decided by the rule over the seeds: final = the mean
-    of a seed's last ``summarize.last_k`` evaluations of the metric (every round that
+    of a seed's last ``evaluate.last_k`` evaluations of the metric (every round that
     evaluated it, as the results table's final columns)."""
     runs = sorted({run for pair in params.summarize.paired for run in (pair.a, pair.b)})
     table = long_curves(
@@ -104,7 +107,7 @@ def paired_comparisons(params: Params, rounds: dict[str, list[pl.DataFrame]]) ->
         CURVE_COLUMNS,
     )
     out = []
-    last_k = params.summarize.last_k
+    last_k = params.evaluate.last_k
     for pair in params.summarize.paired:
         a, b = (
             final_per_seed(table, run, pair.metric, last_k=last_k).values
@@ -135,7 +138,7 @@ ALWAYS = ("final", "best")  # the other HEADLINE sections only when a run has th
 
 def headline(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """``{run: {"final": {"global/accuracy": mean, "global/accuracy_se": se, ...}, "best": ...}}``
-    over seeds, in the metric vocabulary: what ``dvc metrics show/diff`` compares."""
+    over seeds, in the metric vocabulary (``reports/summary.json``)."""
     out: dict[str, Any] = {}
     for run, runs in summaries.items():
         agg = aggregate_seeds(runs)
@@ -201,7 +204,7 @@ def _metric_name(params: Params) -> str:
 
 def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
     rounds, summaries = collect(params, paths)
-    last_k = params.summarize.last_k
+    last_k = params.evaluate.last_k
     comparisons = paired_comparisons(params, rounds)
     sections = budget_and_target_sections(summaries, _metric_name(params))
     if comparisons:
@@ -216,10 +219,10 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         notes=[*divergence_notes(params, rounds), *sim_time_notes(params, rounds)],
         last_k=last_k,
     )
-    metrics = headline(last_k_finals(rounds, summaries, last_k))
+    over_seeds = headline(summaries)
     if comparisons:
-        metrics["paired"] = [row.as_dict(last_k) for row in comparisons]
-    atomic.write_json(paths.reports / "metrics.json", metrics)
+        over_seeds["paired"] = [row.as_dict(last_k) for row in comparisons]
+    atomic.write_json(paths.reports / "summary.json", over_seeds)
     table = curves(params, rounds)
     atomic.write_text(paths.reports / "curves.csv", table.write_csv())
     atomic.write_parquet(paths.reports / "curves.parquet", table)
@@ -230,4 +233,4 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         metric=params.evaluate.metric,
         metric_label=_metric_name(params),
     )
-    return [*written, paths.reports / "metrics.json", paths.reports / "curves.csv", *pages]
+    return [*written, paths.reports / "summary.json", paths.reports / "curves.csv", *pages]

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from optuna.trial import FrozenTrial, TrialState
 
 from fedcomm import atomic
+from fedcomm.evaluation.summaries import LAST_K
 from fedcomm.reporting.plots import save_figure
 from fedcomm.sweep.space import Sweep
 from fedcomm.sweep.trial import DETAIL_KEYS
@@ -221,7 +222,9 @@ def best_params_doc(trial: FrozenTrial, sweep: Sweep) -> tuple[dict[str, Any], s
     return doc, head
 
 
-def write_outputs(study: optuna.Study, sweep: Sweep, out_dir: Path) -> list[Path]:
+def write_outputs(
+    study: optuna.Study, sweep: Sweep, out_dir: Path, last_k: int = LAST_K
+) -> list[Path]:
     frame = trials_frame(study, sweep)
     written = [out_dir / "trials.parquet", out_dir / "pareto.png", out_dir / "history.png"]
     atomic.write_parquet(written[0], frame)
@@ -234,7 +237,7 @@ def write_outputs(study: optuna.Study, sweep: Sweep, out_dir: Path) -> list[Path
         atomic.write_text(path, head + yaml.safe_dump(doc, sort_keys=False))
         written.append(path)
     summary = out_dir / "summary.md"
-    atomic.write_text(summary, render_summary(frame, sweep, best))
+    atomic.write_text(summary, render_summary(frame, sweep, best, last_k))
     written.append(summary)
     return written
 
@@ -268,7 +271,9 @@ def _table(frame: pl.DataFrame, sweep: Sweep) -> list[str]:
     return lines
 
 
-def render_summary(frame: pl.DataFrame, sweep: Sweep, best: FrozenTrial | None) -> str:
+def render_summary(
+    frame: pl.DataFrame, sweep: Sweep, best: FrozenTrial | None, last_k: int = LAST_K
+) -> str:
     states = frame["state"].value_counts().sort("state") if frame.height else None
     counts = (
         ", ".join(f"{s.lower()} {c}" for s, c in states.iter_rows()) if states is not None else "-"
@@ -277,7 +282,9 @@ def render_summary(frame: pl.DataFrame, sweep: Sweep, best: FrozenTrial | None) 
     lines += [
         f"Run `{sweep.run}` of `{sweep.base}`, seeds {sweep.seeds}, objective "
         f"{' / '.join(_headers(sweep))} ({', '.join(sweep.objective.directions)}), "
-        f"sampler {sweep.sampler.name}, pruner {sweep.active_pruner.name}. Trials: {counts}.",
+        f"sampler {sweep.sampler.name}, pruner {sweep.active_pruner.name}. Trials: {counts}. "
+        f"Final = the mean of each seed run's last {last_k} evaluations (`evaluate.last_k`), "
+        "averaged over the trial's seeds.",
         "",
     ]
     if best is not None:

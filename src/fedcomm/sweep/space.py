@@ -123,11 +123,12 @@ _ONLY_WITH = {  # field -> the reduce that reads it
 class Objective(_Strict):
     """``objective``: what a trial returns.
 
-    ``single``: ``metric`` reduced by ``reduce`` (``final`` = last evaluated round, ``best`` = its
-    maximum, ``at_budget`` = best within ``budget_gib`` of cumulative up + down traffic,
-    ``at_time_budget`` = best within ``budget_h`` simulated hours), maximized, mean over the
-    trial's seeds; or ``time_to_target``: the simulated hours until ``metric`` first reaches
-    ``target``, minimized (a seed that never reaches it counts ``penalty_h`` hours, or, without
+    ``single``: ``metric`` reduced by ``reduce`` (``final`` = the mean of the last
+    ``evaluate.last_k`` evaluations, ``best`` = its maximum, ``at_budget`` = best within
+    ``budget_gib`` of cumulative up + down traffic, ``at_time_budget`` = best within
+    ``budget_h`` simulated hours), maximized, mean over the trial's seeds; or
+    ``time_to_target``: the simulated hours until ``metric`` first reaches ``target``,
+    minimized (a seed that never reaches it counts ``penalty_h`` hours, or, without
     ``penalty_h``, the trial is pruned). The two simulated-time reduces need a base params file
     with a ``system`` section. ``multi``: that accuracy (maximized) and the GiB a run sent
     (``comm: total`` up + down, or ``up``; minimized): a Pareto front, no pruning.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,12 @@ from fedcomm.atomic import file_lock
 from fedcomm.comm.bits import GIB
 from fedcomm.config import Params
 from fedcomm.data.federated import partition_hash
-from fedcomm.evaluation.curve_points import best_value, best_within_budget, last_value
+from fedcomm.evaluation.curve_points import (
+    best_value,
+    best_within_budget,
+    final_value,
+    last_value,
+)
 from fedcomm.evaluation.sim_time import (
     HOUR_S,
     SIM_ELAPSED,
@@ -35,7 +41,7 @@ from fedcomm.evaluation.sim_time import (
     has_sim_time,
     sim_hours_to_target,
 )
-from fedcomm.evaluation.summaries import run_table
+from fedcomm.evaluation.summaries import LAST_K, run_table
 from fedcomm.stages.evaluate import evaluate_stage
 from fedcomm.stages.identity import resolved_run_config
 from fedcomm.stages.partition import load_data, partition_spec, partition_stage
@@ -47,7 +53,7 @@ from fedcomm.tracking.inputs import partition_input
 
 # what :func:`score` reports besides the objectives (trial attributes, mean over seeds)
 DETAIL_KEYS = (
-    "final_global_accuracy",
+    "final_global_accuracy",  # final = the mean of the last evaluate.last_k evaluations
     "best_global_accuracy",
     "final_local_accuracy",
     "total_gib",
@@ -101,8 +107,10 @@ def prepare_partition(params: Params, sweep_dir: Path) -> tuple[Path, str]:
 class Intermediate:
     """The objective's running value from the per-round metrics (what the pruner sees)."""
 
-    def __init__(self, objective: Objective) -> None:
+    def __init__(self, objective: Objective, last_k: int = LAST_K) -> None:
         self.objective = objective
+        self.last_k = last_k  # ``final``: the mean of the last k evaluations so far
+        self.recent: deque[float] = deque(maxlen=last_k)
         self.value: float | None = None
         self.reached = False  # time_to_target: the target was reached (value fixed)
 
@@ -117,7 +125,8 @@ class Intermediate:
             return None
         reduce = self.objective.reduce
         if reduce == "final":
-            self.value = v
+            self.recent.append(v)
+            self.value = sum(self.recent) / len(self.recent)
         elif reduce == "best":
             self.value = v if self.value is None else max(self.value, v)
         elif reduce == "time_to_target":
@@ -152,9 +161,12 @@ def _elapsed_h(metrics: Mapping[str, float | None]) -> float:
 
 
 def score(
-    table: pl.DataFrame, objective: Objective, seed: int = 0
+    table: pl.DataFrame, objective: Objective, seed: int = 0, last_k: int = LAST_K
 ) -> tuple[float, float, dict[str, Any]]:
     """(first objective, GiB objective, details) of one finished run's :func:`run_table`.
+
+    ``final`` (the objective's reduce and the details' ``final_*``) is the mean of the run's last
+    ``last_k`` evaluations (``evaluate.last_k``, as every fedcomm table).
 
     At a budget no evaluation fits in, the accuracy is 0 (and ``details['note']`` says so).
     ``time_to_target``: the simulated hours to reach the target; a run that never does counts
@@ -168,7 +180,7 @@ def score(
             "record (its params need a `system` section)"
         )
     if objective.reduce == "final":
-        acc = last_value(table, m)
+        acc = final_value(table, m, last_k)
     elif objective.reduce == "best":
         acc = best_value(table, m)[0]
     elif objective.reduce == "time_to_target":
@@ -199,9 +211,9 @@ def score(
     total = float(table["cum_gib"][-1]) if table.height else 0.0
     gib = total if objective.comm == "total" else up
     details |= {
-        "final_global_accuracy": last_value(table, "global/accuracy"),
+        "final_global_accuracy": final_value(table, "global/accuracy", last_k),
         "best_global_accuracy": best_value(table, "global/accuracy")[0],
-        "final_local_accuracy": last_value(table, "local/accuracy"),
+        "final_local_accuracy": final_value(table, "local/accuracy", last_k),
         "total_gib": total,
         "up_gib": up,
         "sparsity": last_value(table, "model/sparsity"),
@@ -281,7 +293,7 @@ def run_trial(
                 pl.read_parquet(out / "ledger.parquet"),
                 pl.read_parquet(out / "clients.parquet"),
             )
-            acc, gib, details = score(table, sweep.objective, seed)
+            acc, gib, details = score(table, sweep.objective, seed, params.evaluate.last_k)
             per_seed.append(
                 {
                     "seed": seed,
@@ -321,7 +333,7 @@ def _finished_seed(params: Params, run: str, seed: int, phash: str, paths: Paths
     """The MLflow run id ("" if untracked) of a seed this work directory already trained and
     evaluated with exactly this configuration, else None."""
     info = paths.train_dir(run, seed) / "run.json"
-    if not (info.is_file() and (paths.run_dir(run, seed) / "metrics.json").is_file()):
+    if not (info.is_file() and (paths.run_dir(run, seed) / "summary.json").is_file()):
         return None
     stored = json.loads(info.read_text())
     if stored.get("config") != resolved_run_config(params, run, seed, phash):
@@ -342,7 +354,7 @@ def _train_seed(
     on_run: Callable[[str], None] | None,
 ) -> str:
     """Train one seed (resuming its checkpoint if any); returns its MLflow run id ("" if none)."""
-    running = Intermediate(sweep.objective)
+    running = Intermediate(sweep.objective, params.evaluate.last_k)
     opened: list[str] = []
 
     def on_round(round_: int, metrics: Mapping[str, float | None]) -> None:

@@ -140,14 +140,16 @@ def test_round_seconds_default_link_is_fedbiads() -> None:
 
 
 def test_summary_final_and_best() -> None:
+    # final: accuracies and loss the mean of the last evaluate.last_k (5) evaluations, states
+    # (coverage, sparsity) the last measured value
     s = _summary()
     assert s["final"] == pytest.approx(
         {
-            "global/accuracy": 0.7,  # round 4
-            "global/loss": 0.7,
-            "local/accuracy": 0.75,  # round 3, the last measured
-            "local/accuracy_weighted": 0.7,
-            "local/coverage": 1.0,
+            "global/accuracy": (0.5 + 0.8 + 0.7) / 3,  # rounds 1, 3, 4 (2 not evaluated)
+            "global/loss": (1.2 + 0.6 + 0.7) / 3,
+            "local/accuracy": (0.8 + 0.75) / 2,
+            "local/accuracy_weighted": (0.82 + 0.7) / 2,
+            "local/coverage": 1.0,  # round 3, the last measured
             "model/sparsity": 0.5,
             "comm/cum_gib": 7.875 / GIB_MIB,
             "comm/up_gib": 1.875 / GIB_MIB,
@@ -163,6 +165,12 @@ def test_summary_final_and_best() -> None:
     assert s["time"] == pytest.approx(
         {"round_s_mean": 9.0, "client_s_mean": 4.0, "total_s": 36.0}  # 36/4; 20/5
     )
+
+
+def test_summary_final_with_last_k_1_is_the_last_evaluation() -> None:
+    final = _summary(last_k=1)["final"]
+    assert final["global/accuracy"] == 0.7 and final["local/accuracy"] == 0.75  # rounds 4, 3
+    assert _summary(last_k=2)["final"]["global/accuracy"] == pytest.approx(0.75)  # rounds 3, 4
 
 
 def test_summary_at_budget() -> None:

@@ -64,7 +64,7 @@ def rounds_table(run: str, seed: int, *, system: bool) -> pl.DataFrame:
 def write_runs(
     paths: Paths, runs: list[str], seeds: list[int], *, system: bool, **options: Any
 ) -> None:
-    """Each run and seed's ``train/rounds.parquet`` and the evaluate stage's ``metrics.json``
+    """Each run and seed's ``train/rounds.parquet`` and the evaluate stage's ``summary.json``
     (:func:`summarize_run` of those rounds with ``options``: budgets, targets...)."""
     ledger = pl.DataFrame(schema=LEDGER_SCHEMA)
     clients = pl.DataFrame(schema={"round": pl.Int32, "client_id": pl.Int32, "train_s": pl.Float64})
@@ -75,7 +75,7 @@ def write_runs(
             train.mkdir(parents=True, exist_ok=True)
             rounds.write_parquet(train / "rounds.parquet")
             summary = summarize_run(rounds, ledger, clients, **options)
-            (paths.run_dir(run, seed) / "metrics.json").write_text(json.dumps(summary))
+            (paths.run_dir(run, seed) / "summary.json").write_text(json.dumps(summary))
 
 
 def tree(root: Path) -> list[str]:

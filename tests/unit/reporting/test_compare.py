@@ -58,7 +58,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _final(root: Path, run: str, seed: int) -> float:
-    metrics = json.loads((root / Paths().run_dir(run, seed) / "metrics.json").read_text())
+    metrics = json.loads((root / Paths().run_dir(run, seed) / "summary.json").read_text())
     return float(metrics["final"]["global/accuracy"])
 
 

@@ -73,7 +73,7 @@ def _assert_png(path: Path) -> None:
 
 
 def test_write_report_writes_pngs_and_markdown(tmp_path: Path) -> None:
-    written = write_report(tmp_path, ROUNDS, SUMMARIES, title="Digits, 2 algorithms")
+    written = write_report(tmp_path, ROUNDS, SUMMARIES, title="Digits, 2 algorithms", last_k=5)
     plots = tmp_path / "plots"
     names = ["global_accuracy_vs_gib.png", "local_accuracy_vs_gib.png", "accuracy_vs_round.png"]
     assert written == [*(plots / n for n in names), tmp_path / "summary.md"]
@@ -105,7 +105,9 @@ def test_summary_table_numeric_mean_and_se() -> None:
 
 def test_render_markdown_single_seed_and_missing_values() -> None:
     table = summary_table({"fedavg": [{"final": {"global/accuracy": 0.5, "comm/cum_gib": 12.0}}]})
-    md = render_markdown(table, title="T", plots=[("Curve", "plots/c.png")], notes=["seed 0"])
+    md = render_markdown(
+        table, title="T", plots=[("Curve", "plots/c.png")], notes=["seed 0"], last_k=5
+    )
     assert "| `fedavg` | 1 | 50.00 | – |" in md  # one seed: no ± part; unmeasured: dash
     assert "| 12.00 |" in md
     assert "![Curve](plots/c.png)" in md

@@ -46,15 +46,17 @@ def test_without_system_columns_the_reports_are_what_they_were(project: Path) ->
     write_runs(Paths(), RUNS, [0, 1], system=False, budgets_gib=[0.0001], targets=[0.5])
     summarize_stage(_params(**{"evaluate.time_budgets_h": []}))
     reports = project / "reports"
-    for name in ("summary.md", "metrics.json", "curves.csv"):
+    for name in ("summary.md", "summary.json", "curves.csv"):
         assert (reports / name).read_text() == (GOLDEN / name).read_text(), name
     assert tree(reports) == [
         "curves.csv",
         "curves.parquet",
-        "metrics.json",
+        "dvc_plots_template.html",
+        "interactive.html",
         "plots/accuracy_vs_round.png",
         "plots/global_accuracy_vs_gib.png",
         "plots/local_accuracy_vs_gib.png",
+        "summary.json",
         "summary.md",
     ]
 
@@ -65,7 +67,7 @@ def test_time_budgets_without_simulated_time_are_noted_not_invented(project: Pat
     text = (project / "reports" / "summary.md").read_text()
     assert "evaluate.time_budgets_h ([1.0]) was not applied: no run has simulated time" in text
     assert "Simulated" not in text.replace("simulated time (`time/sim_elapsed_s`", "")
-    metrics = json.loads((project / "reports" / "metrics.json").read_text())
+    metrics = json.loads((project / "reports" / "summary.json").read_text())
     assert "sim" not in metrics["fedavg"] and "at_time_budget_h" not in metrics["fedavg"]
 
 
@@ -123,7 +125,7 @@ def test_summarize_stage_reports_accuracy_against_simulated_time(project: Path) 
     written = summarize_stage(_params(**{"evaluate.time_budgets_h": [0.25, 1.0, 2.0]}))
     reports = project / "reports"
     assert Path("reports/plots/accuracy_vs_gib_and_sim_time.png") in written
-    metrics = json.loads((reports / "metrics.json").read_text())
+    metrics = json.loads((reports / "summary.json").read_text())
     fedavg, fedprox = metrics["fedavg"], metrics["fedprox"]
     # 1 h: seed 0 best 0.55 (0.60 for fedprox), seed 1 0.40 (0.45): mean 0.475, SE 0.075
     assert fedavg["at_time_budget_h"]["1"] == pytest.approx(0.475)
@@ -198,13 +200,13 @@ def test_a_trained_run_with_a_system_section_end_to_end(project: Path) -> None:
         evaluate_stage(params, "fedavg", seed)
         tables.append(pl.read_parquet(project / "runs" / f"fedavg-s{seed}/train/rounds.parquet"))
     run0 = project / "runs" / "fedavg-s0"
-    own = json.loads((run0 / "metrics.json").read_text())  # the run's own summary
+    own = json.loads((run0 / "summary.json").read_text())  # the run's own summary
     assert own["at_time_budget"]["1e+06"] == pytest.approx(
         max(tables[0]["global/accuracy"].drop_nulls())
     )
     assert (run0 / "plots" / "accuracy_vs_gib_and_sim_time.png").stat().st_size
     summarize_stage(params)
-    metrics = json.loads((project / "reports" / "metrics.json").read_text())["fedavg"]
+    metrics = json.loads((project / "reports" / "summary.json").read_text())["fedavg"]
     best = [max(t["global/accuracy"].drop_nulls()) for t in tables]  # 1e6 h: every evaluation
     assert metrics["at_time_budget_h"]["1e+06"] == pytest.approx(sum(best) / 2)
     elapsed = [float(t.sort("round")["time/sim_elapsed_s"][-1]) / H for t in tables]

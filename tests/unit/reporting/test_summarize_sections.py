@@ -79,10 +79,10 @@ def test_topk_column_only_when_it_differs_from_top1() -> None:
         return {"final": {"global/accuracy": top1, "topk/accuracy": topk}}
 
     lm = summary_table({"fedavg": [final(0.10, 0.25)], "fedbiad": [final(0.12, 0.30)]})
-    text = render_markdown(lm, title="t", plots=[])
+    text = render_markdown(lm, title="t", plots=[], last_k=5)
     assert "Final top-k acc (%)" in text and "| 30.00 |" in text
     same = summary_table({"fedavg": [final(0.9, 0.9)]})  # train.topk = 1: a repeat, left out
-    assert "top-k" not in render_markdown(same, title="t", plots=[])
+    assert "top-k" not in render_markdown(same, title="t", plots=[], last_k=5)
 
 
 def test_report_plots_follow_the_metric(tmp_path: Any) -> None:
@@ -100,7 +100,9 @@ def test_report_plots_follow_the_metric(tmp_path: Any) -> None:
         }
     )
     summaries = {"fedavg": [{"final": {"global/accuracy": 0.1, "topk/accuracy": 0.3}}]}
-    write_report(tmp_path, {"fedavg": [rounds]}, summaries, title="t", metric="topk/accuracy")
+    write_report(
+        tmp_path, {"fedavg": [rounds]}, summaries, title="t", metric="topk/accuracy", last_k=5
+    )
     text = (tmp_path / "summary.md").read_text()
     assert "### Top-k accuracy vs communication" in text and "### Top-k accuracy vs round" in text
     assert (tmp_path / "plots" / "accuracy_vs_round.png").stat().st_size > 0

@@ -1,6 +1,6 @@
-"""The summarize stage's decision rule: ``summarize.paired`` and ``summarize.last_k`` validated at
+"""The summarize stage's decision rule: ``summarize.paired`` and ``evaluate.last_k`` validated at
 the boundary, final accuracy = the mean of the last k evaluations, and the "Paired comparisons
-over seeds (decision rule)" section with its numbers in reports/metrics.json."""
+over seeds (decision rule)" section with its numbers in reports/summary.json."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import polars as pl
 import pytest
 import yaml
 
+from fedcomm.comm.ledger import SCHEMA as LEDGER_SCHEMA
 from fedcomm.config import ConfigError, load_params, validate_params
+from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.reporting.sections import PairedRow, paired_section
-from fedcomm.reporting.summary import last_k_finals, render_markdown, summary_table
+from fedcomm.reporting.summary import render_markdown, summary_table
 from fedcomm.reporting.verdict import paired
 from fedcomm.stages.evaluate import evaluate_stage
 from fedcomm.stages.partition import partition_stage
@@ -42,8 +44,15 @@ def test_paired_params_are_checked_at_the_boundary(
     with pytest.raises(ConfigError, match="summarize") as err:
         validate_params(tiny_params(**{"summarize.paired": [paired_cfg]}))
     assert expected in str(err.value)
-    with pytest.raises(ConfigError, match=r"summarize\.last_k"):
-        validate_params(tiny_params(**{"summarize.last_k": 0}))
+    with pytest.raises(ConfigError, match=r"evaluate\.last_k"):
+        validate_params(tiny_params(**{"evaluate.last_k": 0}))
+
+
+def test_the_old_summarize_last_k_key_names_its_new_place() -> None:
+    with pytest.raises(ConfigError) as err:
+        validate_params(tiny_params(**{"summarize.last_k": 3}))
+    assert "last_k moved to evaluate.last_k" in str(err.value)
+    assert "evaluate.last_k: 3" in str(err.value)
 
 
 def test_scale_defaults_to_points_for_accuracies() -> None:
@@ -58,7 +67,7 @@ def test_scale_defaults_to_points_for_accuracies() -> None:
         )
     )
     assert [c.shown_scale for c in p.summarize.paired] == [100.0, 1.0]
-    assert p.summarize.last_k == 5
+    assert p.evaluate.last_k == 5
 
 
 def test_final_accuracy_is_the_mean_of_the_last_k_evaluations() -> None:
@@ -69,12 +78,18 @@ def test_final_accuracy_is_the_mean_of_the_last_k_evaluations() -> None:
             "local/accuracy": [0.5, 0.1, 0.2, 0.3],
         }
     )
-    summary = {"final": {"global/accuracy": 0.8, "local/accuracy": 0.5, "comm/cum_gib": 2.0}}
-    (out,) = last_k_finals({"r": [rounds]}, {"r": [summary]}, 2)["r"]
+    rounds = rounds.with_columns(
+        pl.Series("model/sparsity", [0.4, 0.1, 0.2, 0.3]),
+        pl.Series("comm/up_bytes", [4.0, 1.0, 2.0, 3.0]),
+    )
+    ledger = pl.DataFrame(schema=LEDGER_SCHEMA)
+    clients = pl.DataFrame(schema={"round": pl.Int32, "client_id": pl.Int32, "train_s": pl.Float64})
+    out = summarize_run(rounds, ledger, clients, last_k=2)
     assert out["final"]["global/accuracy"] == pytest.approx(0.7)  # rounds 3 and 4
     assert out["final"]["local/accuracy"] == pytest.approx(0.4)
-    assert out["final"]["comm/cum_gib"] == 2.0  # a total keeps the last round
-    assert summary["final"]["global/accuracy"] == 0.8  # the input is not changed
+    assert out["final"]["model/sparsity"] == 0.4  # a state keeps the last round's value
+    last = summarize_run(rounds, ledger, clients, last_k=1)
+    assert last["final"]["global/accuracy"] == 0.8
     text = render_markdown(summary_table({"r": [out]}), title="t", plots=[], last_k=2)
     assert "final accuracy = mean of each seed's last 2 evaluations" in text
     assert "| 70.00 |" in text
@@ -97,7 +112,7 @@ def test_summarize_stage_decides_the_paired_comparisons(project: Path) -> None:
         **{
             "tracking.enabled": False,
             "experiment.seeds": [0, 1, 2],
-            "summarize.last_k": 2,
+            "evaluate.last_k": 2,
             "summarize.paired": [
                 {"a": "fedprox", "b": "fedavg", "margin": -50.0},
                 {"a": "fedprox", "b": "fedavg", "metric": "local_accuracy", "direction": "less"},
@@ -123,7 +138,7 @@ def test_summarize_stage_decides_the_paired_comparisons(project: Path) -> None:
     ]
     mean = sum(d) / 3
     se = math.sqrt(sum((x - mean) ** 2 for x in d) / 2) / math.sqrt(3)
-    metrics = json.loads((project / "reports" / "metrics.json").read_text())
+    metrics = json.loads((project / "reports" / "summary.json").read_text())
     first, second = metrics["paired"]
     assert (first["a"], first["b"], first["n"], first["df"], first["last_k"]) == (
         "fedprox",

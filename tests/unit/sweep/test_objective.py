@@ -18,13 +18,16 @@ ROUNDS = [
 ]
 
 
-def feed(objective: Objective) -> list[float | None]:
-    running = Intermediate(objective)
+def feed(objective: Objective, last_k: int = 5) -> list[float | None]:
+    running = Intermediate(objective, last_k)
     return [running.update(m) for m in ROUNDS]
 
 
 def test_running_objective_final_best_and_at_budget() -> None:
-    assert feed(Objective(reduce="final")) == [None, 0.5, 0.7, 0.6]
+    # final: the mean of the last k evaluations so far (every fedcomm table's meaning)
+    assert feed(Objective(reduce="final")) == pytest.approx([None, 0.5, 0.6, 0.6])
+    assert feed(Objective(reduce="final"), last_k=2) == pytest.approx([None, 0.5, 0.6, 0.65])
+    assert feed(Objective(reduce="final"), last_k=1) == [None, 0.5, 0.7, 0.6]
     assert feed(Objective(reduce="best")) == [None, 0.5, 0.7, 0.7]
     # past the budget the value is frozen at the best within it
     assert feed(Objective(reduce="at_budget", budget_gib=0.25)) == [None, 0.5, 0.5, 0.5]
@@ -51,7 +54,7 @@ def table() -> pl.DataFrame:
         (Objective(reduce="final"), 0.6, 0.4),
         (Objective(reduce="best"), 0.7, 0.4),
         (Objective(reduce="at_budget", budget_gib=0.25), 0.5, 0.4),
-        (Objective(metric="local/accuracy", kind="multi", comm="up"), 0.55, 0.16),
+        (Objective(metric="local/accuracy", kind="multi", comm="up"), 0.475, 0.16),
     ],
 )
 def test_score_reads_the_run_table(objective: Objective, acc: float, gib: float) -> None:
