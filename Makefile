@@ -14,10 +14,13 @@ help:  ## list targets
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=python3)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "== [1/3] pip itself"
 	$(BIN)/python -m pip install -q --upgrade pip
-	# the CPU build of torch first, so nothing pulls a multi-GB CUDA build
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@echo "== [2/3] torch 2.13.0, the CPU build first, so nothing pulls a multi-GB CUDA build (~200 MB)"
+	$(BIN)/python -m pip install --progress-bar on torch==2.13.0
+	@echo "== [3/3] fedcomm and its dependencies (DVC, MLflow, Optuna, polars, ...; dev tools)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
+	@echo "== installed into $(VENV)"
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv and install fedcomm with its dev tools

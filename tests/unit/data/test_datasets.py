@@ -99,6 +99,11 @@ def test_digits() -> None:
     assert ds.x.shape == (1797, 1, 8, 8) and ds.x.dtype == np.float32
     assert ds.y.dtype == np.int64 and set(np.unique(ds.y)) == set(range(10))
     assert ds.num_classes == 10 and ds.x.min() >= 0.0 and ds.x.max() == 1.0
+    # read from scikit-learn's package data without importing it: exactly load_digits()
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    assert np.array_equal(ds.x[:, 0] * 16.0, bunch.images) and np.array_equal(ds.y, bunch.target)
 
 
 def test_synthetic_is_deterministic_per_seed() -> None:
