@@ -19,10 +19,22 @@ the store does not hold (the store was replaced since it was logged) raises one 
 
 What the MLflow UI shows first: every experiment fedcomm creates or logs to is tagged
 ``mlflow.experimentKind: custom_model_development`` (model training, not a GenAI app: the UIs that
-read the tag open it on its runs, not on the traces overview), and each training run logs its
-partition as a dataset input (:mod:`fedcomm.tracking.inputs`, the runs table's Dataset column).
-MLflow 3.17's UI takes the kind from its own GenAI / Model training switch instead (remembered per
-browser, GenAI at first): :func:`runs_page` is the link that opens on the runs either way.
+read the tag open it on its runs, not on the traces overview) and holds the saved view "fedcomm:
+accuracy vs traffic" (:mod:`fedcomm.tracking.views`: the runs table's headline columns, accuracy
+against GiB first among the charts); each training run logs its partition as a dataset input
+(:mod:`fedcomm.tracking.inputs`, the runs table's Dataset column). MLflow 3.17's UI takes the kind
+from its own GenAI / Model training switch instead (remembered per browser, GenAI at first):
+``fedcomm ui`` serves it with model training as a new browser's default
+(:mod:`fedcomm.tracking.ui_app`), and :func:`runs_page` is the link that opens on the runs in any
+UI.
+
+Each round's accuracies are logged twice: at step = the round (``global/accuracy``, ...) and at
+step = the traffic so far in KiB (``accuracy_vs_KiB/global``, ...; and simulated seconds with a
+``train.system`` section): :func:`~fedcomm.tracking.views.traffic_series`, the run page's first
+charts.
+
+A run's name is ``<run>-s<seed>``, and the DVC experiment that trained it in parentheses
+(:func:`run_title`).
 """
 
 from __future__ import annotations
@@ -44,9 +56,11 @@ from fedcomm.atomic import file_lock
 from fedcomm.paths import project_root
 from fedcomm.tracking.inputs import PartitionInput, log_partition_input
 from fedcomm.tracking.store import SQLITE_TIMEOUT_S, TrackingStoreError, check_store, sqlite_path
+from fedcomm.tracking.views import ensure_view, traffic_series
 
 MAX_PARAM_LEN = 6000
 PARENT_TAG = "mlflow.parentRunId"  # what makes a run nested in the MLflow UI
+DVC_EXP_TAG = "dvc.exp_name"  # the DVC experiment that trained a run ("" outside one)
 KIND_TAG = "mlflow.experimentKind"  # the experiment tag MLflow's UI reads for the experiment's kind
 MODEL_TRAINING = "custom_model_development"  # its value for model training ("Machine learning")
 # kinds the UI only inferred, or none: replaced; a kind someone chose (e.g. GenAI) is kept
@@ -153,7 +167,8 @@ class MlflowTracker:
     last_logged_round: int = 0  # rounds <= this were logged before a resume: not logged again
 
     def log_round(self, round_: int, metrics: Mapping[str, float | None]) -> None:
-        """One batch per round (``step`` = round); NaN/None values are skipped."""
+        """One batch per round (``step`` = round), plus the round's accuracies again against
+        traffic and simulated time (:func:`traffic_series`); NaN/None values are skipped."""
         if round_ <= self.last_logged_round:
             return
         ts = int(time.time() * 1000)
@@ -162,6 +177,7 @@ class MlflowTracker:
             for key, v in metrics.items()
             if v is not None and not math.isnan(float(v))
         ]
+        batch += [Metric(key, value, ts, step) for key, value, step in traffic_series(metrics)]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000], synchronous=True)
 
@@ -191,14 +207,14 @@ def _finite(v: object) -> bool:
 
 
 def _experiment_id(client: MlflowClient, name: str, root: Path) -> str:
-    """The id of experiment ``name``, created if needed; tagged as model training either way."""
+    """The id of experiment ``name``, created if needed; :func:`prepare_experiment` either way."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
-        mark_model_training(client, str(exp.experiment_id), exp.tags)
+        prepare_experiment(client, str(exp.experiment_id), exp.tags)
         return str(exp.experiment_id)
     location = None if is_server(client.tracking_uri) else artifact_location(root)
     try:
-        return str(
+        exp_id = str(
             client.create_experiment(
                 name, artifact_location=location, tags={KIND_TAG: MODEL_TRAINING}
             )
@@ -207,8 +223,22 @@ def _experiment_id(client: MlflowClient, name: str, root: Path) -> str:
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise
-        mark_model_training(client, str(exp.experiment_id), exp.tags)
+        prepare_experiment(client, str(exp.experiment_id), exp.tags)
         return str(exp.experiment_id)
+    ensure_view(client, exp_id, {})
+    return exp_id
+
+
+def prepare_experiment(
+    client: MlflowClient, experiment_id: str, tags: Mapping[str, str] | None = None
+) -> None:
+    """What every experiment fedcomm logs to gets: the model-training kind
+    (:func:`mark_model_training`) and the saved view "fedcomm: accuracy vs traffic"
+    (:func:`~fedcomm.tracking.views.ensure_view`). ``tags``: its tags, if already fetched."""
+    if tags is None:
+        tags = client.get_experiment(experiment_id).tags
+    mark_model_training(client, experiment_id, tags)
+    ensure_view(client, experiment_id, tags)
 
 
 def mark_model_training(
@@ -244,6 +274,14 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def run_title(run_name: str, tags: Mapping[str, str]) -> str:
+    """The MLflow run's name: ``run_name`` (``<run>-s<seed>``), and the DVC experiment that
+    trained it (tag ``dvc.exp_name``, set by ``dvc exp run``) in parentheses, so that runs of
+    different DVC experiments in one MLflow experiment differ: ``fedavg-s0 (lr-0.3)``."""
+    exp = tags.get(DVC_EXP_TAG, "").strip()
+    return f"{run_name} ({exp})" if exp else run_name
+
+
 def open_run(
     *,
     uri: str | None,
@@ -258,7 +296,8 @@ def open_run(
     """Start a run, or reopen ``run_id`` (a resume) and find the last round it logged. With
     ``parent_run_id`` the new run is nested under it (a sweep trial under its study). With
     ``dataset`` the run has it as its one dataset input (a resumed run is not given it twice).
-    The experiment (the resumed run's, on a resume) is tagged as model training.
+    The experiment (the resumed run's, on a resume) gets :func:`prepare_experiment`; a new run is
+    named :func:`run_title` (``run_name``, and ``tags``' DVC experiment).
 
     Raises:
         TrackingStoreError: a damaged store or one of another MLflow schema version (checked
@@ -273,7 +312,7 @@ def open_run(
             "restore the store that holds it, or train again without the checkpoint "
             "(`fedcomm train --no-resume`)",
         )
-        mark_model_training(client, str(resumed.info.experiment_id))
+        prepare_experiment(client, str(resumed.info.experiment_id))
         if dataset is not None:
             log_partition_input(client, run_id, dataset)
         client.update_run(run_id, status="RUNNING")
@@ -285,7 +324,7 @@ def open_run(
         return tracker
     exp_id = _experiment_id(client, experiment, root)
     all_tags = {**tags, PARENT_TAG: parent_run_id} if parent_run_id else dict(tags)
-    run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+    run = client.create_run(exp_id, run_name=run_title(run_name, tags), tags=all_tags)
     tracker = MlflowTracker(client, run.info.run_id)
     flat = flatten(params)
     items = [Param(k, v) for k, v in sorted(flat.items())]
@@ -327,7 +366,7 @@ def reopen(uri: str | None, run_id: str) -> MlflowTracker:
     run = require_run(
         client, run_id, "restore the store that holds it, or train the run again (`fedcomm train`)"
     )
-    mark_model_training(client, str(run.info.experiment_id))
+    prepare_experiment(client, str(run.info.experiment_id))
     return MlflowTracker(client, run_id, last_logged_round=0)
 
 
