@@ -129,10 +129,10 @@ def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
         time.sleep(3)
     assert "Success" in _sh(repo, "dvc", "queue", "status")
     names = [r for r in _runs(repo) if r[2] == "queued-exp"]
-    assert [(n, s) for n, s, _ in names] == [
-        ("fedadam-s0", "FINISHED"),
-        ("fedavg-s0", "FINISHED"),
-        ("fedsparse-s0", "FINISHED"),
+    assert [(n, s) for n, s, _ in names] == [  # named after the DVC experiment
+        ("fedadam-s0 (queued-exp)", "FINISHED"),
+        ("fedavg-s0 (queued-exp)", "FINISHED"),
+        ("fedsparse-s0 (queued-exp)", "FINISHED"),
     ]
     strays = [p for p in (repo / ".dvc").rglob("mlflow.db")] + list(
         (repo / ".dvc").rglob("mlartifacts")
