@@ -6,13 +6,29 @@ temporary copy and in ``build/<name>/`` of ``make reproduce``, never some other 
 The library's own dependencies (torch, polars, mlflow, ...) come from the interpreter: a
 ``python`` that lacks them is not the project's virtualenv, and the stage ends with one line that
 says what to do and exit status 2 instead of a traceback.
+
+Ctrl-C while the stage starts (the library's imports take seconds) ends it with one line and
+exit status 130, no traceback: until the ``fedcomm`` command takes SIGINT over (it ends a verb
+the same way, :mod:`fedcomm.cli`), a SIGINT exits at once.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from pathlib import Path
-from typing import Any
+
+
+def _starting(signum: int, frame: object) -> None:
+    os.write(2, b"interrupted while starting; rerun the same command\n")
+    os._exit(130)  # nothing done yet, nothing to clean up
+
+
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not where it is ignored)
+    signal.signal(signal.SIGINT, _starting)
+
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 SRC = Path(__file__).resolve().parent.parent / "src"  # the library beside stages/
 REMEDY = (

@@ -1,10 +1,48 @@
+# ruff: noqa: E402 (SIGINT is handled before the imports, which take seconds)
 """The ``fedcomm`` command: one verb per pipeline stage, plus config validation.
 
 Every verb reads ``--params`` (default ``params.yaml``), validates the WHOLE file before doing
 any work, and calls one library function of :mod:`fedcomm.stages` (one module per stage).
+
+Ctrl-C (SIGINT) ends every verb with ONE line on stderr that starts ``interrupted`` and says
+what a rerun of the same command does, exit status 130, and no traceback: while the command
+starts (its imports take seconds) it exits at once; in a verb, a Ctrl-C stops it (writes in
+progress finished whole, the MLflow run marked ``KILLED``), and once it is caught later ones are
+ignored while the verb cleans up. ``train`` names the round it stopped at and the checkpoint it
+keeps.
 """
 
 from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn, TypeVar
+
+STARTING = "interrupted while starting; rerun the same command"
+
+
+def _exit_while_starting(signum: int, frame: FrameType | None) -> None:
+    """SIGINT before a verb runs: nothing done yet, nothing to clean up."""
+    os.write(2, f"{STARTING}\n".encode())
+    os._exit(130)
+
+
+def _on_sigint(handler: Callable[[int, FrameType | None], Any] | signal.Handlers) -> Any:
+    """Handle SIGINT with ``handler`` where Python handles it (the main thread; not where it is
+    ignored, or handled outside Python); returns the handler before."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous not in (signal.SIG_IGN, None):
+        signal.signal(signal.SIGINT, handler)
+    return previous
+
+
+_before_import = _on_sigint(_exit_while_starting)  # (restored at the end of this module)
 
 import warnings
 from collections.abc import Iterator
@@ -15,12 +53,68 @@ from typing import Annotated
 import typer
 
 from fedcomm.config import ConfigError, Params, load_params
-from fedcomm.errors import InputError, InputWarning
+from fedcomm.errors import InputError, InputWarning, Interrupted, stop_on_interrupt, stopping
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-config_app = typer.Typer(no_args_is_help=True, help="Inspect and validate params files.")
+Verb = TypeVar("Verb", bound=Callable[..., Any])
+RERUN = {  # verb: what rerunning it does, after "rerun the same command"
+    "partition": "to partition the dataset",
+    "train": "to train the run",
+    "evaluate_cmd": "to evaluate the run",
+    "summarize": "to summarize the runs",
+    "report": "to write the report",
+    "verdicts": "to decide the claims",
+    "curves": "to write the curves",
+    "sweep": "to continue the study",
+}
+
+
+def _stop(line: str) -> NoReturn:
+    typer.echo(line, err=True)
+    raise typer.Exit(130)
+
+
+def _interruptible(verb: Verb) -> Verb:
+    """``verb`` ending on Ctrl-C with one ``interrupted`` line and exit status 130."""
+    rerun = RERUN.get(verb.__name__)
+
+    @functools.wraps(verb)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if signal.getsignal(signal.SIGINT) is _exit_while_starting:  # the command (not a test)
+            _on_sigint(stop_on_interrupt)
+        try:
+            return verb(*args, **kwargs)
+        except KeyboardInterrupt:
+            stopping()
+            _stop("interrupted; rerun the same command" + (f" {rerun}" if rerun else ""))
+
+    return run  # type: ignore[return-value]
+
+
+class _Typer(typer.Typer):
+    """Every verb :func:`_interruptible`; run as the command, SIGINT exits at once until a verb
+    starts and is ignored once it is done."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _on_sigint(_exit_while_starting)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _on_sigint(signal.SIG_IGN)  # the interpreter's exit is not interrupted
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Verb], Verb]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(verb: Verb) -> Verb:
+            register(_interruptible(verb))
+            return verb
+
+        return decorator
+
+
+app = _Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+config_app = _Typer(no_args_is_help=True, help="Inspect and validate params files.")
 app.add_typer(config_app, name="config")
-system_app = typer.Typer(no_args_is_help=True, help="Simulated-time inputs (issue 30).")
+system_app = _Typer(no_args_is_help=True, help="Simulated-time inputs (issue 30).")
 app.add_typer(system_app, name="system")
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params YAML file")]
@@ -129,12 +223,18 @@ def train(
     params: ParamsOpt = Path("params.yaml"),
     resume: Annotated[bool, typer.Option(help="continue from a matching checkpoint")] = True,
 ) -> None:
-    """Train one algorithm run with one seed (writes runs/<run>-s<seed>/)."""
+    """Train one algorithm run with one seed (writes runs/<run>-s<seed>/). Ctrl-C stops it with
+    one line naming the round and the checkpoint kept; the same command resumes from there."""
     from fedcomm.stages.train import train_stage
 
     p = _load(params)
     with user_errors():
-        typer.echo(f"wrote {train_stage(p, run, seed, resume=resume)}")
+        try:
+            out = train_stage(p, run, seed, resume=resume)
+        except Interrupted as err:  # once the checkpoint was read: what a rerun resumes from
+            stopping()
+            _stop(str(err))
+    typer.echo(f"wrote {out}")
 
 
 @app.command("evaluate")
@@ -356,5 +456,23 @@ def sweep_args(
     typer.echo(" ".join(f"-S {a}" for a in args))
 
 
+if signal.getsignal(signal.SIGINT) is _exit_while_starting:  # imported: SIGINT as it was
+    signal.signal(signal.SIGINT, _before_import)
+
+
+def _main() -> None:
+    """``python -m fedcomm.cli``: the ``fedcomm`` command. (CPython ends a ``-m`` program by
+    SIGINT, whatever its exit status, once a KeyboardInterrupt has escaped code that a library
+    ran through ``PyRun_*``, even one the command then handled; a ``PyRun_*`` that succeeds
+    clears that, so an interrupt exits 130 here too, as from the console script.)"""
+    try:
+        app()
+    except SystemExit:
+        import ctypes
+
+        ctypes.pythonapi.PyRun_SimpleString(b"")
+        raise
+
+
 if __name__ == "__main__":
-    app()
+    _main()

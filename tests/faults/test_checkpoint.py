@@ -1,8 +1,9 @@
 """Fault injection on the checkpoint a killed run leaves (``.fedcomm/checkpoints/<run>-s<seed>/
 state.pt``). A checkpoint is a cache, not an input the user wrote: one that cannot be resumed is
-not an error. ``train`` prints ONE ``warning:`` line naming the file and why, restarts at round 1,
-ends with exactly the numbers of an uninterrupted run, marks the killed MLflow run ``FAILED``
-and leaves no run ``RUNNING``. (Subprocesses, so the warning reaches stderr as a user sees it.)"""
+not an error. ``train`` prints ONE ``warning:`` line naming the file and why (for an unreadable
+one, torch's whole reason: issue 42 item 5), restarts at round 1, ends with exactly the numbers
+of an uninterrupted run, marks the killed MLflow run ``FAILED`` and leaves no run ``RUNNING``.
+(Subprocesses, so the warning reaches stderr as a user sees it.)"""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from fedcomm.errors import one_line
 from fedcomm.simulation.checkpoint import FORMAT_VERSION
 from fedcomm.simulation.loop import CRASH_ENV
 from tests.unit.simulation.test_resume import _fedcomm, _numbers, _runs, _setup
@@ -56,6 +58,15 @@ FAULTS: dict[str, tuple[Callable[[Path], None], str | None]] = {
 }
 
 
+def _torch_reason(path: Path) -> str | None:
+    """What torch says of the file, on one line; None if it reads it."""
+    try:
+        torch.load(path, weights_only=False)
+    except Exception as err:
+        return one_line(err)
+    return None
+
+
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pl.DataFrame]:
     """A project whose fedavg run was killed at round 3 (checkpoint of round 2 on disk), and the
@@ -79,6 +90,7 @@ def test_an_unusable_checkpoint_warns_once_and_the_run_restarts_clean(
     shutil.copytree(source, root)
     damage, says = FAULTS[fault]
     damage(root / CKPT)
+    reason = _torch_reason(root / CKPT) if (root / CKPT).exists() else None
 
     res = _fedcomm(root, "train", "--run", "fedavg")
     assert res.returncode == 0, res.stderr
@@ -90,6 +102,8 @@ def test_an_unusable_checkpoint_warns_once_and_the_run_restarts_clean(
         assert len(warnings) == 1, res.stderr
         assert str(CKPT) in warnings[0] and says in warnings[0], warnings
         assert "restarts at round 1" in warnings[0], warnings
+        if reason is not None:  # the whole of it (a truncated file's runs to 337 characters)
+            assert f"is unreadable ({reason});" in warnings[0], (reason, warnings)
     assert _numbers(root / "runs" / "fedavg-s0" / "train").equals(expected)
     runs = sorted(_runs(root), key=lambda r: r[1])
     assert runs == [("fedavg-s0", "FAILED", [1, 2, 3]), ("fedavg-s0", "FINISHED", [1, 2, 3, 4, 5])]

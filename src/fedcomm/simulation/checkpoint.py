@@ -50,14 +50,15 @@ def load(
 
     A checkpoint is a cache: one that cannot be used (empty, truncated, corrupted, written by
     another version, or made with other params or code) is not an error. It warns once, with
-    a :class:`CheckpointWarning` naming the file and why, and the run restarts from round 1.
+    a :class:`CheckpointWarning` naming the file and why (for an unreadable one, torch's whole
+    message), and the run restarts from round 1.
     """
     if not path.is_file():
         return None
     try:
         blob = torch.load(path, weights_only=False, map_location=map_location)
     except Exception as err:  # empty, truncated or corrupted: any unpickling error
-        why = f"is unreadable ({one_line(err)[:160]})"
+        why = f"is unreadable ({one_line(err)})"  # torch's whole reason, on one line
     else:
         version = blob.get("version") if isinstance(blob, dict) else None
         state = blob.get("state") if isinstance(blob, dict) else None

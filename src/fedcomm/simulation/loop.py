@@ -46,6 +46,7 @@ from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger
 from fedcomm.comm.payload import Payload
+from fedcomm.errors import Interrupted, interrupts_deferred, stopping
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
 from fedcomm.simulation import checkpoint, device, local_eval, timed
@@ -105,6 +106,16 @@ class RunResult:
     resumed_from: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     backend: str = "sequential"  # the backend that actually ran the clients
+    checkpoint_round: int | None = None  # the round of the checkpoint on disk (None: none kept)
+
+
+@dataclass
+class _Mark:
+    """Where :func:`_run` is, for :class:`~fedcomm.errors.Interrupted`: the round being trained
+    (0: the run's state is not known yet) and the round of the checkpoint on disk (None: none)."""
+
+    at: int = 0
+    kept: int | None = None
 
 
 def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> list[int]:
@@ -134,14 +145,25 @@ def run(
     an algorithm with ``prepare_model`` (ProgFed) wraps it first. The model and ``data`` move to
     ``cfg.device`` once, here; everything the round does happens there. The returned tensors
     (final parameters, the state) are on that device.
+
+    Ctrl-C (:class:`KeyboardInterrupt`) once the run's state is known (round 0 on) raises
+    :class:`~fedcomm.errors.Interrupted`, naming the round being trained and the round of the
+    checkpoint on disk; a checkpoint being saved is finished first.
     """
     dev = device.resolve(cfg.device)
+    mark = _Mark()
     with device.run_on(dev):
-        return _run(
-            cfg, algorithm, model.to(dev), data.to(dev), compressor, dev,
-            config_hash=config_hash, checkpoint_path=checkpoint_path, tracker=tracker,
-            resume=resume, progress=progress,
-        )  # fmt: skip
+        try:
+            return _run(
+                cfg, algorithm, model.to(dev), data.to(dev), compressor, dev, mark,
+                config_hash=config_hash, checkpoint_path=checkpoint_path, tracker=tracker,
+                resume=resume, progress=progress,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            stopping()
+            if not mark.at:  # the checkpoint not read yet: the caller knows as much
+                raise
+            raise Interrupted(mark.at, mark.kept) from None
 
 
 def _run(
@@ -151,6 +173,7 @@ def _run(
     data: FederatedTensors,
     compressor: Compressor,
     dev: torch.device,
+    mark: _Mark,
     *,
     config_hash: str,
     checkpoint_path: Path | None,
@@ -166,12 +189,13 @@ def _run(
         else None
     )
     resumed_from = state.round_ if state is not None else 0
+    mark.at, mark.kept = resumed_from + 1, None if checkpoint_path is None else resumed_from
     if state is None:  # round 0: the server's initial state, an algorithm's warm start
         state = initial_state(algorithm, model, data, cfg.seed, cfg.local, config_hash)
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
-    if checkpoint_path is not None and resumed_from == 0:
-        checkpoint.save(state, checkpoint_path)  # round 0: a kill before round 1 keeps the run id
+    if checkpoint_path is not None and resumed_from == 0:  # a kill before round 1 keeps the run id
+        _save(state, checkpoint_path, mark)
     ledger = Ledger(list(state.ledger_rows))
     cum_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows)
     cum_up_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows if r[2] == "up")
@@ -187,6 +211,7 @@ def _run(
     )
 
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
+        mark.at = round_
         t_round = time.perf_counter()
         metrics, cum_bits, cum_up_bits = _one_round(
             cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits, cum_up_bits,
@@ -205,11 +230,20 @@ def _run(
             and (round_ % cfg.checkpoint_every == 0)
             and round_ < cfg.rounds
         ):
-            checkpoint.save(state, checkpoint_path)
+            _save(state, checkpoint_path, mark)
         if os.environ.get(CRASH_ENV) == str(round_):
             os.kill(os.getpid(), signal.SIGKILL)
     final = {k: v.detach().clone() for k, v in algorithm.global_params(state.server).items()}
-    return RunResult(state, final, ledger, resumed_from, backend=backend.effective)
+    return RunResult(
+        state, final, ledger, resumed_from, backend=backend.effective, checkpoint_round=mark.kept
+    )
+
+
+def _save(state: checkpoint.RunState, path: Path, mark: _Mark) -> None:
+    """Checkpoint ``state`` (its round); a Ctrl-C meanwhile waits until it is saved and marked."""
+    with interrupts_deferred():
+        checkpoint.save(state, path)
+        mark.kept = state.round_
 
 
 def _one_round(

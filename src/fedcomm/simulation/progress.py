@@ -1,5 +1,7 @@
 """Progress over rounds: a rich bar with accuracy and GiB so far on a terminal; elsewhere (a
-``dvc repro`` log, CI) one short line on stderr every tenth of the run."""
+``dvc repro`` log, CI) one short line on stderr every tenth of the run. A resumed run says so
+first, in one line on stderr (``resuming <name> from the checkpoint of round M of R``), and its
+bar starts at round M, described ``<name> (resumed at M)``."""
 
 from __future__ import annotations
 
@@ -13,12 +15,21 @@ ProgressFn = Callable[[int, Mapping[str, float | None]], None]
 
 
 @contextmanager
-def round_progress(name: str, rounds: int, *, enabled: bool | None = None) -> Iterator[ProgressFn]:
+def round_progress(
+    name: str, rounds: int, *, enabled: bool | None = None, start: int = 0
+) -> Iterator[ProgressFn]:
     """Yield ``update(round, metrics)``. ``enabled``: True a bar, False nothing, None (default)
-    a bar on an interactive terminal and log lines (:func:`_log_lines`) otherwise."""
+    a bar on an interactive terminal and log lines (:func:`_log_lines`) otherwise. ``start``:
+    the round a resumed run resumes from (its checkpoint's), said once unless nothing is shown."""
     if enabled is False:
         yield lambda r, m: None
         return
+    if start:
+        print(
+            f"resuming {name} from the checkpoint of round {start} of {rounds}",
+            file=sys.stderr,
+            flush=True,
+        )
     if enabled is None and not sys.stderr.isatty():
         yield _log_lines(name, rounds)
         return
@@ -30,7 +41,8 @@ def round_progress(name: str, rounds: int, *, enabled: bool | None = None) -> It
         TimeRemainingColumn(),
     )
     with Progress(*columns, transient=False) as bar:
-        task = bar.add_task(name, total=rounds, acc="-", local="-", gib="0")
+        shown = f"{name} (resumed at {start})" if start else name
+        task = bar.add_task(shown, total=rounds, completed=start, acc="-", local="-", gib="0")
         last_acc = "-"
 
         def update(round_: int, metrics: Mapping[str, float | None]) -> None:

@@ -9,7 +9,6 @@ configuration leaves no MLflow run and no file.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from fedcomm.algorithms import build_algorithm
 from fedcomm.comm.codecs import Compressor, build_compressor
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets.registry import resolve_root
+from fedcomm.errors import Interrupted, interrupts_deferred, stopping
 from fedcomm.models import build_model
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import checkpoint as ckpt_mod
@@ -88,6 +88,11 @@ def train_stage(
     ``on_round(round, metrics)`` is called after every round (it may raise :class:`StopRun`);
     ``on_open(mlflow_run_id)`` once the MLflow run exists (before round 1);
     ``mlflow_run_name`` replaces ``<run>-s<seed>`` as the MLflow run's name.
+
+    Ctrl-C once the checkpoint was read raises :class:`~fedcomm.errors.Interrupted` (the round
+    being trained, the checkpoint's round) and marks the MLflow run ``KILLED``; the MLflow run
+    and the file naming it beside the checkpoint, and the run's set of outputs, are written
+    whole before it takes effect.
     """
     if seed < 0:
         raise ConfigError(f"seed: must be >= 0 (got {seed})")
@@ -99,6 +104,7 @@ def train_stage(
     name = run_name(run, seed)
     ckpt = paths.checkpoints / name / "state.pt"
     previous = ckpt_mod.load(ckpt, chash) if resume else None  # warns once if unreadable
+    kept = previous.round_ if previous is not None else 0  # the checkpoint's round
     sidecar = ckpt.parent / RUN_ID_FILE  # the MLflow run of the last process that trained here
     if previous is None and params.tracking.enabled and sidecar.is_file():
         tracking.fail_if_running(
@@ -106,25 +112,28 @@ def train_stage(
             sidecar.read_text().strip(),
             "killed; its checkpoint could not be resumed, so the run restarted in a new run",
         )
-    tracker = _open_tracker(
-        params,
-        run,
-        seed,
-        mlflow_run_name or name,
-        config,
-        phash,
-        previous.run_id if previous else None,
-        parent_run_id=parent_run_id,
-        extra_tags=tags or {},
-        partition_dir=paths.partition,
-    )
-    if tracker.run_id is not None:
-        atomic.write_text(sidecar, tracker.run_id)
-        if on_open is not None:
-            on_open(tracker.run_id)
+    tracker: tracking.MlflowTracker | tracking.NullTracker = tracking.NullTracker()
+    result: loop.RunResult | None = None
     try:
+        with interrupts_deferred():  # no MLflow run left RUNNING without its id beside the ckpt
+            tracker = _open_tracker(
+                params,
+                run,
+                seed,
+                mlflow_run_name or name,
+                config,
+                phash,
+                previous.run_id if previous else None,
+                parent_run_id=parent_run_id,
+                extra_tags=tags or {},
+                partition_dir=paths.partition,
+            )
+            if tracker.run_id is not None:
+                atomic.write_text(sidecar, tracker.run_id)
+        if tracker.run_id is not None and on_open is not None:
+            on_open(tracker.run_id)
         lcfg = loop_config(params, seed, run)
-        with round_progress(name, lcfg.rounds, enabled=show_progress) as bar:
+        with round_progress(name, lcfg.rounds, enabled=show_progress, start=kept) as bar:
 
             def progress(round_: int, metrics: Mapping[str, float | None]) -> None:
                 bar(round_, metrics)
@@ -145,15 +154,24 @@ def train_stage(
             )
         # the backend that ran the clients (vectorized may fall back to sequential, logged)
         tracker.set_tags({"fedcomm.backend": result.backend})
-        out = write_run_outputs(paths.train_dir(run, seed), result, config, tracker.run_id)
+        with interrupts_deferred():  # the outputs all of this run, never some of an older one
+            out = write_run_outputs(paths.train_dir(run, seed), result, config, tracker.run_id)
         for f in ("rounds.parquet", "ledger.parquet", "clients.parquet", "model.safetensors"):
             tracker.log_artifact(out / f)
     except StopRun as stop:
         tracker.set_tags({"fedcomm.stopped": str(stop)})
         tracker.finish("KILLED")
         raise
+    except KeyboardInterrupt as stop:
+        stopping()
+        tracker.finish("KILLED")
+        if isinstance(stop, Interrupted):
+            raise
+        if result is None:  # before round 1 of this process, or the loop had not read the ckpt
+            raise Interrupted(kept + 1, kept) from None
+        raise Interrupted(result.state.round_, result.checkpoint_round) from None  # after the last
     except BaseException:
-        tracker.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
+        tracker.finish("FAILED")
         raise
     tracker.finish("FINISHED")
     ckpt.unlink(missing_ok=True)

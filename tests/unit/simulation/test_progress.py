@@ -26,3 +26,27 @@ def test_disabled_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
         for r in (1, 2, 3):
             update(r, {})
     assert capsys.readouterr().err == ""
+
+
+def test_a_resumed_run_says_so_once(capsys: pytest.CaptureFixture[str]) -> None:
+    with round_progress("fedavg-s0", 300, start=40) as update:  # log lines: not a terminal
+        for r in range(41, 61):
+            update(r, {"global/accuracy": 0.5})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "resuming fedavg-s0 from the checkpoint of round 40 of 300"
+    assert [line.split()[2] for line in lines[1:]] == ["60/300"]  # then every 30th round, as ever
+
+
+def test_a_resumed_runs_bar_starts_at_its_checkpoint(capsys: pytest.CaptureFixture[str]) -> None:
+    with round_progress("fedavg-s0", 300, enabled=True, start=40):
+        pass  # stopped before round 41: rich renders the bar's state as it stops
+    captured = capsys.readouterr()
+    assert captured.err == "resuming fedavg-s0 from the checkpoint of round 40 of 300\n"
+    assert "fedavg-s0 (resumed at 40)" in captured.out and "40/300" in captured.out, captured
+
+
+def test_a_fresh_run_says_nothing_of_resuming(capsys: pytest.CaptureFixture[str]) -> None:
+    with round_progress("fedavg-s0", 3, enabled=True) as update:
+        update(1, {})
+    captured = capsys.readouterr()
+    assert "resum" not in captured.err + captured.out and "1/3" in captured.out
