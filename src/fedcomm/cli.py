@@ -289,6 +289,12 @@ def report(
     uri: Annotated[str | None, typer.Option(help="tracking URI (default: the project's)")] = None,
     title: Annotated[str, typer.Option()] = "fedcomm comparison",
     out: Annotated[Path, typer.Option(help="output folder")] = Path("reports/compare"),
+    last_k: Annotated[
+        int,
+        typer.Option(
+            min=1, help="final accuracy = the mean of each run's last k evaluations (as last_k)"
+        ),
+    ] = 5,
 ) -> None:
     """Compare MLflow runs per algorithm: mean ± SE over seeds, accuracy-vs-GiB overlays."""
     from fedcomm.reporting.compare import compare_runs
@@ -312,6 +318,7 @@ def report(
             metric=metric,
             title=title,
             time_budgets_h=time_budget_h or [],
+            last_k=last_k,
         )
     for path in written:
         typer.echo(f"wrote {path}")

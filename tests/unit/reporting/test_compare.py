@@ -242,6 +242,18 @@ def test_report_command_line(store: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert bad.exit_code == 2 and "--tag 'run': expected KEY=VALUE" in bad.output
     missing = cli.invoke(app, ["report", "-e", "nope", "--out", "cli3"])
     assert missing.exit_code == 2 and "nope" in missing.output
+    # --last-k: final = the mean of each run's last k evaluations (here the last one)
+    last = cli.invoke(app, ["report", "-e", "tests", "--last-k", "1", "--out", "cli4"])
+    assert last.exit_code == 0, last.output
+    runs = pl.read_parquet(store / "cli4" / "runs.parquet")
+    for row in runs.iter_rows(named=True):
+        table = store / Paths().train_dir(row["group"], row["seed"]) / "rounds.parquet"
+        evaluated = pl.read_parquet(table).sort("round")["global/accuracy"].drop_nulls()
+        assert row["final_global_accuracy"] == pytest.approx(evaluated[-1])
+    text = (store / "cli4" / "summary.md").read_text()
+    assert "final = the last evaluation" in text
+    zero = cli.invoke(app, ["report", "-e", "tests", "--last-k", "0", "--out", "cli5"])
+    assert zero.exit_code == 2 and "--last-k" in zero.output
 
 
 def test_runs_of_one_name_but_different_config_are_separate_groups(
