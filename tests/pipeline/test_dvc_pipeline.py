@@ -66,7 +66,7 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
     assert run_summary["upload"]["bytes_per_client_round"] == 1210 * 4
     headline = json.loads((repo / "runs" / "fedavg-s0" / "metrics.json").read_text())
     targets = [f"gib_to_{t:g}" for t in params.evaluate.targets]
-    assert list(headline) == [*HEADLINE_KEYS, *targets]
+    assert sorted(headline) == sorted([*HEADLINE_KEYS, *targets])
     assert headline["final_acc"] == final
     assert headline["up_gib"] == run_summary["final"]["comm/up_gib"]
     assert headline["save_x"] == pytest.approx(1 / run_summary["comm"]["cost_vs_dense_e2e"])
@@ -75,6 +75,7 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
         ("fedadam-s0", "FINISHED", ""),
         ("fedavg-s0", "FINISHED", ""),
         ("fedsparse-s0", "FINISHED", ""),
+        ("summary", "FINISHED", ""),  # the summarize stage's report (below)
     ]
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tiny")
@@ -87,6 +88,14 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
     assert expected <= artifacts
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert "plots/global_accuracy_vs_gib.png" in plots
+    # the experiment's summary run: the interactive page, the tables, the means over seeds
+    (summary_run,) = client.search_runs([exp.experiment_id], "tags.`fedcomm.kind` = 'summary'")
+    shown = {a.path for a in client.list_artifacts(summary_run.info.run_id)}
+    assert {"interactive.html", "summary.md", "summary.json", "plots"} <= shown
+    assert "interactive.html" in summary_run.data.tags["mlflow.note.content"]
+    assert summary_run.data.metrics["fedavg/final_acc"] == pytest.approx(
+        over_seeds["fedavg"]["final"]["global/accuracy"]
+    )
 
 
 def test_dvc_reports_metrics_and_plots(repo: Path) -> None:
@@ -133,6 +142,7 @@ def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
         ("fedadam-s0 (queued-exp)", "FINISHED"),
         ("fedavg-s0 (queued-exp)", "FINISHED"),
         ("fedsparse-s0 (queued-exp)", "FINISHED"),
+        ("summary (queued-exp)", "FINISHED"),
     ]
     strays = [p for p in (repo / ".dvc").rglob("mlflow.db")] + list(
         (repo / ".dvc").rglob("mlartifacts")

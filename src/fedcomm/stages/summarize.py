@@ -9,7 +9,8 @@ DVC metric: ``dvc metrics show`` lists the runs' headline numbers) and
 ``reports/curves.csv`` (long format: run, seed, round, cumulative GiB and upload bytes,
 accuracies, sparsity; for ``dvc plots`` and ``fedcomm verdicts``), and ``reports/interactive.html``
 (the curves, mean ± SE over seeds, Vega inline) with ``reports/dvc_plots_template.html``
-(``dvc plots show``'s page template, ``.dvc/config``).
+(``dvc plots show``'s page template, ``.dvc/config``). With tracking on, the same report is logged
+on the experiment's MLflow ``summary`` run (:mod:`fedcomm.tracking.summary_run`).
 
 Runs with a ``system`` section (simulated time, issue 30) also get, recomputed here from each
 seed's rounds table: a "Simulated time" section (simulated hours, clients per round), the best
@@ -233,4 +234,34 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         metric=params.evaluate.metric,
         metric_label=_metric_name(params),
     )
+    if params.tracking.enabled:
+        from fedcomm.tracking.summary_run import log_summary_run
+
+        log_summary_run(
+            uri=params.tracking.uri,
+            experiment=params.tracking.experiment,
+            title=params.summarize.title,
+            page=paths.reports / "interactive.html",
+            files=[paths.reports / n for n in ("summary.md", "summary.json", "curves.csv")],
+            plots=[p for p in written if p.suffix == ".png"],
+            metrics=summary_metrics(over_seeds, params.evaluate.metric),
+        )
     return [*written, paths.reports / "summary.json", paths.reports / "curves.csv", *pages]
+
+
+def summary_metrics(over_seeds: dict[str, Any], metric: str) -> dict[str, float]:
+    """``<run>/final_acc`` (of ``metric``), ``<run>/final_local_acc``, ``<run>/up_gib`` and
+    ``<run>/down_gib``: the means over seeds of :func:`headline`, for the summary run."""
+    keys = {
+        "final_acc": metric,
+        "final_local_acc": "local/accuracy",
+        "up_gib": "comm/up_gib",
+        "down_gib": "comm/down_gib",
+    }
+    out = {}
+    for run, node in over_seeds.items():
+        final = node.get("final", {}) if isinstance(node, dict) else {}
+        for name, key in keys.items():
+            if isinstance(final.get(key), int | float):
+                out[f"{run}/{name}"] = float(final[key])
+    return out
