@@ -93,6 +93,9 @@ def test_repro_writes_reports_metrics_and_mlflow_runs(repo: Path) -> None:
     shown = {a.path for a in client.list_artifacts(summary_run.info.run_id)}
     assert {"interactive.html", "summary.md", "summary.json", "plots"} <= shown
     assert "interactive.html" in summary_run.data.tags["mlflow.note.content"]
+    assert {"plots/global_accuracy_vs_gib.png"} <= {
+        a.path for a in client.list_artifacts(summary_run.info.run_id, "plots")
+    }
     assert summary_run.data.metrics["fedavg/final_acc"] == pytest.approx(
         over_seeds["fedavg"]["final"]["global/accuracy"]
     )

@@ -3,10 +3,15 @@
 Each summarize logs one run named ``summary`` (``summary (<DVC experiment>)`` inside one; tag
 ``fedcomm.kind: summary``, so ``fedcomm report`` and the sweeps never take it for a training run)
 into the training runs' experiment, with ``reports/interactive.html`` (accuracy against GiB,
-round and simulated hours, mean ± SE over seeds; MLflow's artifact view runs its inline Vega),
-``summary.md``, ``summary.json``, the PNG plots, and per run label its headline numbers over seeds
+round and simulated hours, mean ± SE over seeds), ``summary.md``, ``summary.json``, the PNG
+plots (shown inline by MLflow's artifact view), and per run label its headline numbers over seeds
 as metrics (``<run>/final_acc``, ``<run>/up_gib``, ``<run>/down_gib``: means over seeds). The
-run's description points at the page: one click from the runs table.
+run's description says where each is. MLflow 3.17 previews an HTML artifact in an iframe
+sandboxed to scripts alone (an opaque origin, from a blob URL): a small page renders there, but
+with the page's 0.9 MB inline Vega bundle nothing paints (checked in headless Chromium: the same
+page without the bundle paints, and the same iframe with ``allow-same-origin`` paints all of it),
+so the page is to be downloaded (the artifact view's download icon) and opened in a browser,
+where it works offline.
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ def log_summary_run(
         metrics: ``<run>/<headline key>`` -> value (means over seeds).
     """
     note = (
-        f"**{title}**: the summarize stage's report over every run and seed. Open "
-        f"*Artifacts* → `{page.name}` for accuracy against GiB, round and simulated hours "
-        "(mean ± standard error over seeds, interactive), `summary.md` for the tables."
+        f"**{title}**: the summarize stage's report over every run and seed. *Artifacts* → "
+        "`plots/` shows accuracy against GiB and against round (mean ± standard error over "
+        f"seeds); `{page.name}` is the interactive page (download it with the artifact view's "
+        "icon and open it in a browser: it works offline; MLflow's own preview does not run "
+        "it); `summary.md` has the tables."
     )
     tags = {
         KIND_TAG: KIND,
