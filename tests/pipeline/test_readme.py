@@ -47,6 +47,10 @@ NOT_RUN = {  # command prefix -> why it is not run by this test
     "it on a tiny one",
     "bash pipeline/per_seed.sh": "one build per seed, hours: tests/pipeline/test_per_seed.py runs "
     "it dry and checks the params it writes",
+    "fedcomm ui": "a server until Ctrl-C: tests/unit/tracking/test_mlflow_ui.py starts it and "
+    "follows its link in headless Chromium",
+    "optuna-dashboard": "a server on a sweep's study: tests/unit/sweep/test_dashboard.py starts "
+    "it on a real study and reads its API",
 }
 
 
