@@ -22,7 +22,7 @@ import torch
 from fedcomm.comm.ledger import SCHEMA as LEDGER_SCHEMA
 from fedcomm.errors import InputError, one_line
 from fedcomm.sparse_io import load_sparse
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 ROUNDS_COLUMNS = ("round", "comm/cum_bytes", "comm/cum_gib", "global/accuracy")
 CLIENTS_COLUMNS = ("round", "client_id", "train_s")
@@ -81,7 +81,7 @@ def read_json(path: Path, keys: Iterable[str], remedy: str) -> dict[str, Any]:
     return doc
 
 
-def read_model(path: Path, remedy: str) -> Params:
+def read_model(path: Path, remedy: str) -> ParamDict:
     """The dense tensors of a ``model.safetensors`` written by :func:`save_sparse`."""
     _present(path, remedy)
     try:
@@ -90,7 +90,9 @@ def read_model(path: Path, remedy: str) -> Params:
         raise _fail(path, f"not a readable fedcomm model file ({one_line(err)})", remedy) from None
 
 
-def check_fits(members: Iterable[Params], model: torch.nn.Module, path: Path, remedy: str) -> None:
+def check_fits(
+    members: Iterable[ParamDict], model: torch.nn.Module, path: Path, remedy: str
+) -> None:
     """Every saved tensor is one of ``model``'s, with its shape. (A saved model may hold fewer
     tensors than ``model``: ProgFed's final sub-model has no heads of earlier stages.)"""
     state = model.state_dict()
@@ -137,7 +139,7 @@ class TrainedRun:
     rounds: pl.DataFrame
     ledger: pl.DataFrame
     clients: pl.DataFrame
-    model: Params
+    model: ParamDict
     info: dict[str, Any]
 
 

@@ -22,7 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 OptState = Any
 
@@ -32,7 +32,7 @@ class Transform:
     """``init(params) -> state``; ``update(delta, state) -> (step, state)``; pure."""
 
     init: Callable[[Mapping[str, Tensor]], OptState]
-    update: Callable[[Mapping[str, Tensor], OptState], tuple[Params, OptState]]
+    update: Callable[[Mapping[str, Tensor], OptState], tuple[ParamDict, OptState]]
 
     def apply(
         self,
@@ -40,7 +40,7 @@ class Transform:
         direction: Mapping[str, Tensor],
         state: OptState,
         held: Mapping[str, Tensor] | None = None,
-    ) -> tuple[Params, OptState]:
+    ) -> tuple[ParamDict, OptState]:
         """One server step ``w ← w + update(Δ)`` on the ascent ``direction``: the new parameters
         and the new state. ``held`` (bool, each shaped like its parameter): an entry no client
         held keeps its value (the state still advances there)."""
@@ -61,10 +61,10 @@ def scale(lr: float) -> Transform:
 def trace(beta: float, nesterov: bool = False) -> Transform:
     """Heavy-ball momentum ``m ← βm + d`` (PyTorch convention, no dampening)."""
 
-    def init(p: Mapping[str, Tensor]) -> Params:
+    def init(p: Mapping[str, Tensor]) -> ParamDict:
         return {k: torch.zeros_like(v) for k, v in p.items()}
 
-    def update(d: Mapping[str, Tensor], m: Params) -> tuple[Params, Params]:
+    def update(d: Mapping[str, Tensor], m: ParamDict) -> tuple[ParamDict, ParamDict]:
         new_m = {k: beta * m[k] + v for k, v in d.items()}
         step = {k: v + beta * new_m[k] for k, v in d.items()} if nesterov else new_m
         return step, new_m
@@ -72,7 +72,7 @@ def trace(beta: float, nesterov: bool = False) -> Transform:
     return Transform(init, update)
 
 
-def _moments_init(p: Mapping[str, Tensor]) -> tuple[int, Params, Params]:
+def _moments_init(p: Mapping[str, Tensor]) -> tuple[int, ParamDict, ParamDict]:
     """``(count, first moment, second moment)`` at zero, for Adam and Adamax."""
     zeros = {k: torch.zeros_like(v) for k, v in p.items()}
     return 0, zeros, {k: v.clone() for k, v in zeros.items()}
@@ -82,8 +82,8 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool = True
     """Adam direction ``m̂ / (sqrt(v̂) + eps)``; ``eps`` is FedAdam's τ."""
 
     def update(
-        d: Mapping[str, Tensor], s: tuple[int, Params, Params]
-    ) -> tuple[Params, tuple[int, Params, Params]]:
+        d: Mapping[str, Tensor], s: tuple[int, ParamDict, ParamDict]
+    ) -> tuple[ParamDict, tuple[int, ParamDict, ParamDict]]:
         count, mu, nu = s
         count += 1
         mu = {k: b1 * mu[k] + (1 - b1) * v for k, v in d.items()}
@@ -101,8 +101,8 @@ def scale_by_adamax(b1: float, b2: float, eps: float) -> Transform:
     eps placed as in :class:`torch.optim.Adamax`)."""
 
     def update(
-        d: Mapping[str, Tensor], s: tuple[int, Params, Params]
-    ) -> tuple[Params, tuple[int, Params, Params]]:
+        d: Mapping[str, Tensor], s: tuple[int, ParamDict, ParamDict]
+    ) -> tuple[ParamDict, tuple[int, ParamDict, ParamDict]]:
         count, mu, u = s
         count += 1
         mu = {k: b1 * mu[k] + (1 - b1) * v for k, v in d.items()}
@@ -119,7 +119,9 @@ def chain(*transforms: Transform) -> Transform:
     def init(p: Mapping[str, Tensor]) -> tuple[OptState, ...]:
         return tuple(t.init(p) for t in transforms)
 
-    def update(d: Mapping[str, Tensor], s: tuple[OptState, ...]) -> tuple[Params, tuple[Any, ...]]:
+    def update(
+        d: Mapping[str, Tensor], s: tuple[OptState, ...]
+    ) -> tuple[ParamDict, tuple[Any, ...]]:
         new_states = []
         out: Mapping[str, Tensor] = d
         for t, st in zip(transforms, s, strict=True):
@@ -186,6 +188,6 @@ def adam_server() -> ServerOptConfig:
     return ServerOptConfig(optimizer="adam", lr=1e-3)
 
 
-def apply_step(params: Mapping[str, Tensor], step: Mapping[str, Tensor]) -> Params:
+def apply_step(params: Mapping[str, Tensor], step: Mapping[str, Tensor]) -> ParamDict:
     """``w + step`` for every parameter with a step (others unchanged)."""
     return {k: (v + step[k]) if k in step else v for k, v in params.items()}

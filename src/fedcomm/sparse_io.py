@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from fedcomm.atomic import atomic_path
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 def _layouts(t: Tensor) -> tuple[str, dict[str, Tensor]]:
@@ -64,7 +64,7 @@ def save_sparse(params: Mapping[str, Tensor], path: Path) -> dict[str, str]:
     return {k: str(v["layout"]) for k, v in layout.items()}
 
 
-def load_sparse(path: Path) -> Params:
+def load_sparse(path: Path) -> ParamDict:
     """Rebuild the dense tensors saved by :func:`save_sparse`."""
     from safetensors import safe_open
 
@@ -74,7 +74,7 @@ def load_sparse(path: Path) -> Params:
         raise ValueError(f"{path}: not a fedcomm sparse model file (no layout metadata)")
     layout = json.loads(meta["fedcomm.layout"])
     stored = load_file(str(path))
-    out: Params = {}
+    out: ParamDict = {}
     for name, info in layout.items():
         shape = tuple(info["shape"])
         if info["layout"] == "dense":

@@ -1,10 +1,7 @@
-"""Shared vocabulary: parameter dictionaries and small aliases."""
+"""Shared vocabulary: a model's parameters as a dictionary (``ParamDict``)."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import Tensor
 
-Params = dict[str, Tensor]  # parameter name -> tensor (same names as model.named_parameters())
-Direction = Literal["down", "up"]
+ParamDict = dict[str, Tensor]  # parameter name -> tensor (same names as model.named_parameters())

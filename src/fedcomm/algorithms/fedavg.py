@@ -44,7 +44,7 @@ from fedcomm.algorithms.core.reuse import Reused
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import OptState, Transform
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Config(AlgorithmConfig):
@@ -60,20 +60,20 @@ class Config(AlgorithmConfig):
 
 @dataclass(frozen=True)
 class ServerState:
-    params: Params
+    params: ParamDict
     opt_state: OptState
 
 
 ANCHOR = "anchor."  # frozen copies of w_t under these keys, for an anchored grad_hook
 
 
-def anchors(down: Mapping[str, Tensor]) -> Params:
+def anchors(down: Mapping[str, Tensor]) -> ParamDict:
     """``w_t`` under the :data:`ANCHOR` keys: a job's ``frozen`` tensors for a local term
     centred on the downloaded model."""
     return {ANCHOR + k: v for k, v in down.items()}
 
 
-def add_delta(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+def add_delta(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> ParamDict:
     """``w_t + Δ``: the model a dense delta upload stands for (``uploaded_model``)."""
     return {k: down[k] + up[k] for k in down}
 
@@ -89,7 +89,7 @@ def make(
     opt: Transform = cfg.server.build()
     program = _jobs.LocalProgram(grad_hook=anchored_hook)
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         return ServerState(clone_params(params), opt.init(params))
 
     sent: Reused[Payload] = Reused()  # the current server state's downlink, encoded once

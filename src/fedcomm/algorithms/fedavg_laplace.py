@@ -54,7 +54,7 @@ from fedcomm.algorithms.core.context import (
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig, adam_server, apply_step
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Config(AlgorithmConfig):
@@ -98,7 +98,7 @@ def median(tensors: Sequence[Tensor]) -> Tensor:
 
 def sign_direction(
     deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float], lam: float
-) -> Params:
+) -> ParamDict:
     """The ascent direction ``λ·Σ_s a_s sign(Δ_s) / Σ_s a_s`` of Eq. 45 (mean over clients)."""
     signs = [{k: v.sign() for k, v in d.items()} for d in deltas]
     return {k: lam * v for k, v in weighted_mean(signs, weights).items()}
@@ -109,7 +109,7 @@ def build(cfg: Config) -> FedAlgorithm:
     opt = cfg.server.build()
     gradient_rule = cfg.server_rule == "gradient"
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         return ServerState(clone_params(params), opt.init(params) if gradient_rule else ())
 
     def broadcast(state: ServerState, client_id: int, cstate: None, ctx: RoundContext) -> Payload:

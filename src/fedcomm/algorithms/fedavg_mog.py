@@ -57,7 +57,7 @@ from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.server_opt import OptState, ServerOptConfig, adam_server
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 MIN_MASS = 1e-8  # Σ_s r_sk below this: member k had no client this round and keeps its value
 
@@ -76,7 +76,7 @@ class Config(AlgorithmConfig):
 
 @dataclass(frozen=True)
 class ServerState:
-    members: tuple[Params, ...]  # K models
+    members: tuple[ParamDict, ...]  # K models
     opt_state: OptState  # over join_members(members); () for m_step
     entropy: float = 0.0  # mean entropy (nats) of the last round's responsibility rows
     mass: tuple[float, ...] = ()  # (1/S) Σ_s r_sk of the last round, per member
@@ -86,7 +86,9 @@ def _flat(models: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> Tenso
     return torch.stack([torch.cat([w[n].reshape(-1) for n in names]) for w in models]).double()
 
 
-def combine(models: Sequence[Mapping[str, Tensor]], coeffs: Tensor, names: Sequence[str]) -> Params:
+def combine(
+    models: Sequence[Mapping[str, Tensor]], coeffs: Tensor, names: Sequence[str]
+) -> ParamDict:
     """``Σ_s c_s w_s`` per parameter name, for ``coeffs`` of shape ``(S,)``."""
     return {
         n: torch.tensordot(coeffs.to(models[0][n]), torch.stack([w[n] for w in models]), dims=1)
@@ -94,7 +96,7 @@ def combine(models: Sequence[Mapping[str, Tensor]], coeffs: Tensor, names: Seque
     }
 
 
-def sq_distances(models: Sequence[Mapping[str, Tensor]], members: Sequence[Params]) -> Tensor:
+def sq_distances(models: Sequence[Mapping[str, Tensor]], members: Sequence[ParamDict]) -> Tensor:
     """``‖w_s − w_k‖²`` summed over every parameter: ``(S, K)`` float64."""
     names = list(members[0])
     w, m = _flat(models, names), _flat(members, names)  # (S, N), (K, N)
@@ -107,8 +109,8 @@ def responsibilities(sq: Tensor, lam: float) -> Tensor:
 
 
 def m_step(
-    members: Sequence[Params], models: Sequence[Mapping[str, Tensor]], r: Tensor
-) -> tuple[Params, ...]:
+    members: Sequence[ParamDict], models: Sequence[Mapping[str, Tensor]], r: Tensor
+) -> tuple[ParamDict, ...]:
     """``w_k = Σ_s r_sk w_s / Σ_s r_sk``; a member with ``Σ_s r_sk < MIN_MASS`` is kept."""
     mass = r.sum(dim=0)  # (K,)
     return tuple(
@@ -118,8 +120,8 @@ def m_step(
 
 
 def ascent_direction(
-    members: Sequence[Params], models: Sequence[Mapping[str, Tensor]], r: Tensor
-) -> tuple[Params, ...]:
+    members: Sequence[ParamDict], models: Sequence[Mapping[str, Tensor]], r: Tensor
+) -> tuple[ParamDict, ...]:
     """``(1/S) Σ_s r_sk (w_s − w_k)`` per member (Eq. 50 over λ, mean over the S clients)."""
     r = r / len(models)
     out = []
@@ -149,7 +151,7 @@ def mixture_program(names: Sequence[str], k: int, lam: float) -> _jobs.LocalProg
     return _jobs.LocalProgram(loss_hook=hook)
 
 
-def mixture_hook(members: Sequence[Params], lam: float) -> _local.LossHook:
+def mixture_hook(members: Sequence[ParamDict], lam: float) -> _local.LossHook:
     """``loss ↦ loss − log Σ_k (1/K) exp(−λ/2 ‖w_s − w_k‖²)`` (maximises the log prior)."""
     program = mixture_program(list(members[0]), len(members), lam)
     centres = {f"{MIX}{j}.{n}": t for j, m in enumerate(members) for n, t in m.items()}
@@ -161,7 +163,7 @@ def mixture_hook(members: Sequence[Params], lam: float) -> _local.LossHook:
     return hook
 
 
-def pick_member(members: Sequence[Params], data: ClientData, ctx: ClientContext) -> int:
+def pick_member(members: Sequence[ParamDict], data: ClientData, ctx: ClientContext) -> int:
     """The member with the lowest mean CE on the first batch local SGD will draw (ties: lowest
     index); the schedule comes from a copy of ``ctx.generator``, which is left untouched."""
     if data.num_examples == 0 or len(members) == 1:
@@ -174,7 +176,9 @@ def pick_member(members: Sequence[Params], data: ClientData, ctx: ClientContext)
     return int(torch.stack(losses).argmin())
 
 
-def noisy_copies(params: Params, k: int, std: float, gen: torch.Generator) -> tuple[Params, ...]:
+def noisy_copies(
+    params: ParamDict, k: int, std: float, gen: torch.Generator
+) -> tuple[ParamDict, ...]:
     """``k`` copies of ``params`` plus i.i.d. ``N(0, std²)`` noise, drawn member by member."""
     return tuple(
         {
@@ -190,7 +194,7 @@ def build(cfg: Config) -> FedAlgorithm:
     opt = cfg.server.build()
     adam_rule = cfg.server_rule == "adam"
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         gen = torch_generator(ctx.seed, Stream.ALGORITHM, 0)
         members = noisy_copies(params, cfg.components, cfg.init_noise, gen)
         return ServerState(members, opt.init(join_members(members)) if adam_rule else ())

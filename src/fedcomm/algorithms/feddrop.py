@@ -52,7 +52,7 @@ from fedcomm.algorithms.submodel.units import unit_layers as unit_layers
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.server_opt import ServerOptConfig, adam_server
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Config(AlgorithmConfig):
@@ -106,7 +106,7 @@ def build(cfg: Config) -> FedAlgorithm:
         counts = drop_counts(state.layers, cfg.conv_rate, cfg.fc_rate, cfg.drop_output)
         return select_units(state.layers, counts, ctx.seed, ctx.round_, client_id)
 
-    def uploaded_scaled(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+    def uploaded_scaled(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> ParamDict:
         """The uploaded sub-model as the function it trained as (one model a run)."""
         (_, scale, _), *_ = built.values()
         return scale(dict(uploaded_model(down, up)))

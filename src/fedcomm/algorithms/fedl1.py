@@ -47,7 +47,7 @@ from fedcomm.algorithms.core.grouped import decode_groups, encode_groups
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec, apply_mask, group_norms, groups
 from fedcomm.server_opt import OptState, ServerOptConfig, adam_server
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Config(AlgorithmConfig):
@@ -76,7 +76,7 @@ def group_l1(specs: Sequence[GroupSpec], lam: float) -> _local.LossHook:
 
 def hard_threshold(
     params: Mapping[str, Tensor], specs: Sequence[GroupSpec], lam: float
-) -> tuple[Params, dict[str, Tensor]]:
+) -> tuple[ParamDict, dict[str, Tensor]]:
     """``(ŵ, keep)``: groups with ``‖w_g‖₂ <= λ`` zeroed; ``keep`` is ``(count,)`` bool per spec."""
     keep = {s.name: group_norms(params, s) > lam for s in specs}
     return apply_mask(params, specs, keep), keep
@@ -91,14 +91,14 @@ def encode(
 
 def decode(
     decoded: Mapping[str, Tensor], shapes: Mapping[str, Tensor], specs: Sequence[GroupSpec]
-) -> Params:
+) -> ParamDict:
     """Inverse of :func:`encode` (``shapes``: the receiver's own parameters)."""
     return decode_groups(decoded, shapes, specs, {s.name: decoded[f"mask/{s.name}"] for s in specs})
 
 
 @dataclass(frozen=True)
 class ServerState:
-    params: Params  # unthresholded; messages and the global model are thresholded
+    params: ParamDict  # unthresholded; messages and the global model are thresholded
     opt_state: OptState
     specs: tuple[GroupSpec, ...]
 
@@ -108,7 +108,7 @@ def build(cfg: Config) -> FedAlgorithm:
     opt = cfg.server.build()
     lam = cfg.threshold
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         specs = group_specs(ctx.model, cfg.prune_output)
         return ServerState(clone_params(params), opt.init(params), specs)
 

@@ -47,7 +47,7 @@ from fedcomm.algorithms.submodel.units import keep_counts, select
 from fedcomm.comm.payload import Mask
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import ServerOptConfig
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Config(AlgorithmConfig):
@@ -77,17 +77,19 @@ def prune_units(
     return select(layers, keep_counts(layers, p), by_l1)
 
 
-def recover(global_params: Mapping[str, Tensor], sub: Params, keep: Mapping[str, Tensor]) -> Params:
+def recover(
+    global_params: Mapping[str, Tensor], sub: ParamDict, keep: Mapping[str, Tensor]
+) -> ParamDict:
     """R2SP recovery: the sub-model's values where kept, the global values at pruned positions."""
     return {k: torch.where(keep[k], sub[k], g) for k, g in global_params.items()}
 
 
 def r2sp(
     global_params: Mapping[str, Tensor],
-    subs: Sequence[Params],
+    subs: Sequence[ParamDict],
     keeps: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
-) -> Params:
+) -> ParamDict:
     """The R2SP aggregate: the weighted mean of the recovered sub-models (the server computes
     it as ``w`` plus the mean delta: :func:`.submodel.merge.recovered_mean`)."""
     recovered = [recover(global_params, s, k) for s, k in zip(subs, keeps, strict=True)]

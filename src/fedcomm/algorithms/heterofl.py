@@ -51,7 +51,7 @@ from fedcomm.algorithms.submodel.units import slice_masks as slice_masks
 from fedcomm.algorithms.submodel.units import unit_layers as sequential_layers
 from fedcomm.algorithms.submodel.units import width_units as width_units
 from fedcomm.models.groups import GroupSpec, expand_mask
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 LABELS = "labels."  # a client's label masks of the output layer in its local job
 
@@ -124,7 +124,7 @@ def build(cfg: Config) -> FedAlgorithm:
             hit = programs[id(model)] = (model, program)
         return hit[1]
 
-    def labels(sub: Params, data: ClientData, ctx: ClientContext) -> dict[str, Tensor]:
+    def labels(sub: ParamDict, data: ClientData, ctx: ClientContext) -> dict[str, Tensor]:
         if not cfg.mask_labels:
             return {}
         layers = sequential_layers(ctx.model, cfg.name)

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedcomm.errors import InputError, one_line
 from fedcomm.evaluation.caps import CapAxis
 from fedcomm.reporting.protocol import Protocol, check_arms
-from fedcomm.reporting.verdict import Direction
+from fedcomm.reporting.verdict import Sign
 
 ABLATIONS_FILE = "issue15_ablations.json"
 Paper = Literal["FedBIAD", "FedSparse", "FedDST", "ProgFed"]
@@ -124,7 +124,7 @@ class Behaviour(_Strict):
     paper_value: str
     metric: str
     scale: float = Field(1.0, gt=0.0)
-    direction: Direction
+    direction: Sign
     margin: float = 0.0
     a: Source
     b: Source

@@ -24,7 +24,7 @@ from typing import Literal
 
 import polars as pl
 
-Direction = Literal["greater", "less"]
+Sign = Literal["greater", "less"]
 
 REPRODUCED = "reproduced"
 IN_DIRECTION = "in direction, not significant"
@@ -168,7 +168,7 @@ class Paired:
 
     seeds: tuple[int, ...]
     d: tuple[float, ...]
-    direction: Direction
+    direction: Sign
     margin: float
     alpha: float
     verdict: str
@@ -216,7 +216,7 @@ def paired(
     a: Mapping[int, float],
     b: Mapping[int, float],
     *,
-    direction: Direction = "greater",
+    direction: Sign = "greater",
     margin: float = 0.0,
     alpha: float = 0.05,
     scale: float = 1.0,

@@ -63,7 +63,7 @@ from fedcomm.simulation.round_metrics import (
 )
 from fedcomm.simulation.start import initial_state
 from fedcomm.system.config import SystemConfig
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 CRASH_ENV = "FEDCOMM_KILL_AFTER_ROUND"  # test hook: SIGKILL this process after that round
 
@@ -101,7 +101,7 @@ class LoopConfig:
 @dataclass(frozen=True)
 class RunResult:
     state: checkpoint.RunState
-    final_params: Params
+    final_params: ParamDict
     ledger: Ledger
     resumed_from: int = 0
     timings: dict[str, float] = field(default_factory=dict)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from fedcomm.algorithms.core.sgd import LocalConfig
 from fedcomm.comm.ledger import Direction
 from fedcomm.comm.payload import Payload
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 ClientState = Any
 
@@ -78,7 +78,7 @@ class ClientResult:
 
     uplink: Payload
     state: ClientState
-    local_params: Params  # the model the client ends the round with (its "last upload")
+    local_params: ParamDict  # the model the client ends the round with (its "last upload")
     num_examples: int
     # e.g. {"train/loss": ..., "fedsparse/tv_mean": ..., "fedsparse/tv_max": ...}; the loop logs the
     # mean over the round's clients, the max for keys ending in "_max", the min for "_min"

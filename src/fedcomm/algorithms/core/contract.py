@@ -10,10 +10,10 @@ optax's state discipline), built from its pydantic config by a registered builde
   *decoded* downlink; returns the uplink payload, the new client state and the model the client
   ends the round with (its "last upload" for local accuracy);
 * ``server_update(server_state, uplinks, ctx) -> server_state`` from the decoded uplinks;
-* ``global_params(server_state) -> Params`` the model evaluated globally and saved (an
+* ``global_params(server_state) -> ParamDict`` the model evaluated globally and saved (an
   ensemble returns its members joined by :func:`join_members`; evaluation then averages the
   members' softmax outputs and logs each member's accuracy);
-* ``uploaded_model(downlink, uplink) -> Params`` (optional) the model a decoded upload stands
+* ``uploaded_model(downlink, uplink) -> ParamDict`` (optional) the model a decoded upload stands
   for, so that local accuracy measures what was actually sent when a compressor is lossy;
 * ``warm_start(server_state, train, ctx) -> (server_state, messages)`` (optional) work on
   clients' data before round 1 (GraSP pruning at initialisation, PruneFL's phase one); the
@@ -61,7 +61,7 @@ from fedcomm.algorithms.core.jobs import LocalJob
 from fedcomm.comm.compressors.config import CompressorConfig
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 ServerState = Any
 
@@ -92,18 +92,18 @@ class FedAlgorithm:
 
     name: str
     config: AlgorithmConfig
-    init_server: Callable[[Params, RoundContext], ServerState]
+    init_server: Callable[[ParamDict, RoundContext], ServerState]
     init_client: Callable[[int], ClientState]
     broadcast: Callable[[ServerState, int, ClientState, RoundContext], Payload]
     client_update: Callable[
         [Mapping[str, Tensor], ClientState, ClientData, ClientContext], ClientResult
     ]
     server_update: Callable[[ServerState, Sequence[Uplink], RoundContext], ServerState]
-    global_params: Callable[[ServerState], Params]
+    global_params: Callable[[ServerState], ParamDict]
     server_metrics: Callable[[ServerState], Mapping[str, float]] = lambda s: {}
     # the model a client's (possibly compressed) upload stands for, from the decoded downlink and
     # uplink; the loop evaluates it for local accuracy when an uplink compressor changed the payload
-    uploaded_model: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], Params] | None = None
+    uploaded_model: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], ParamDict] | None = None
     # raises ValueError if the algorithm cannot run on this model (checked before any training)
     validate_model: Callable[[nn.Module], None] | None = None
     # work before round 1 on clients' train splits (indexed by client id); its messages are
@@ -136,16 +136,16 @@ def no_client_state(client_id: int) -> None:
     return None
 
 
-def server_params(state: Any) -> Params:
+def server_params(state: Any) -> ParamDict:
     """``global_params`` of an algorithm whose server state keeps the model in ``params``."""
-    params: Params = state.params
+    params: ParamDict = state.params
     return params
 
 
 def job_algorithm(
     cfg: AlgorithmConfig,
     *,
-    init_server: Callable[[Params, RoundContext], ServerState],
+    init_server: Callable[[ParamDict, RoundContext], ServerState],
     broadcast: Callable[[ServerState, int, ClientState, RoundContext], Payload],
     client_job: Callable[[Mapping[str, Tensor], ClientState, ClientData, ClientContext], LocalJob],
     server_update: Callable[[ServerState, Sequence[Uplink], RoundContext], ServerState],
@@ -172,28 +172,28 @@ def job_algorithm(
 MEMBER_PREFIX = "member"  # ensemble algorithms return "member<k>.<param>" keys from global_params
 
 
-def join_members(members: Sequence[Mapping[str, Tensor]]) -> Params:
+def join_members(members: Sequence[Mapping[str, Tensor]]) -> ParamDict:
     """Ensemble members as one flat parameter dict (``member<k>.<name>``), e.g. to save them."""
     return {f"{MEMBER_PREFIX}{k}.{n}": t for k, m in enumerate(members) for n, t in m.items()}
 
 
-def split_members(params: Mapping[str, Tensor]) -> list[Params]:
+def split_members(params: Mapping[str, Tensor]) -> list[ParamDict]:
     """Inverse of :func:`join_members`; a plain parameter dict is a one-member list."""
     if not params or not all(k.startswith(MEMBER_PREFIX) for k in params):
         return [dict(params)]
-    members: dict[int, Params] = {}
+    members: dict[int, ParamDict] = {}
     for key, t in params.items():
         head, _, name = key.partition(".")
         members.setdefault(int(head[len(MEMBER_PREFIX) :]), {})[name] = t
     return [members[k] for k in sorted(members)]
 
 
-def sender_mean(tensors: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:
+def sender_mean(tensors: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> ParamDict:
     """``Σ_k w_k t_k / Σ_{k: t_k ≠ 0} w_k`` per entry (0 where every ``t_k`` is 0): each entry
     averaged over the clients whose decoded upload carries it, e.g. a top-k upload's positions."""
     if not tensors or float(sum(weights)) <= 0:
         raise ValueError(f"sender_mean needs tensors and weights summing to > 0, got {weights}")
-    out: Params = {}
+    out: ParamDict = {}
     for name in tensors[0]:
         num = torch.zeros_like(tensors[0][name])
         den = torch.zeros_like(num)
@@ -208,7 +208,7 @@ def weighted_mean(
     tensors: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     keys: Sequence[str] | None = None,
-) -> Params:
+) -> ParamDict:
     """``Σ_k w_k t_k / Σ_k w_k`` per key (keys default to those of the first mapping)."""
     if not tensors:
         raise ValueError("weighted_mean of no tensors")
@@ -216,7 +216,7 @@ def weighted_mean(
     if total <= 0:
         raise ValueError(f"weights must sum to > 0, got {list(weights)}")
     names = list(tensors[0]) if keys is None else list(keys)
-    out: Params = {}
+    out: ParamDict = {}
     for name in names:
         acc = torch.zeros_like(tensors[0][name])
         for t, w in zip(tensors, weights, strict=True):
@@ -232,11 +232,11 @@ def client_weights(uplinks: Sequence[Uplink], weighting: str) -> list[float]:
     return [float(u.num_examples) for u in uplinks]
 
 
-def subtract(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Params:
+def subtract(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> ParamDict:
     """``a - b`` per key of ``a``."""
     return {k: a[k] - b[k] for k in a}
 
 
-def clone_params(params: Mapping[str, Tensor]) -> Params:
+def clone_params(params: Mapping[str, Tensor]) -> ParamDict:
     """Detached copies."""
     return {k: v.detach().clone() for k, v in params.items()}

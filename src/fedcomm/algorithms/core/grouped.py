@@ -16,7 +16,7 @@ from torch import Tensor
 
 from fedcomm.comm.payload import Dense, Entry, Mask
 from fedcomm.models.groups import GroupSpec, expand_mask
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 def entry_masks(
@@ -81,13 +81,13 @@ def decode_groups(
     shapes: Mapping[str, Tensor],
     specs: Sequence[GroupSpec],
     group_masks: Mapping[str, Tensor],
-) -> Params:
+) -> ParamDict:
     """Rebuild full tensors (zeros outside kept groups) from :func:`encode_groups`' values.
 
     ``shapes`` gives each parameter's shape and dtype (e.g. the receiver's own copy).
     """
     axes = member_axes(specs)
-    out: Params = {}
+    out: ParamDict = {}
     for name, ref in shapes.items():
         values = decoded[f"w/{name}"]
         idx = _kept(group_masks, axes[name][0]) if name in axes else None

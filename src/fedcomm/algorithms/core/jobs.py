@@ -45,7 +45,7 @@ from fedcomm.algorithms.core.sgd import (
     init_bufs,
     sgd_inplace,
 )
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 # (live after the update, frozen of the step, live before the step or {}) -> projected live
 JobPostStep = Callable[
@@ -94,9 +94,9 @@ class LocalProgram:
 class JobResult:
     """A finished job: the trained tensors, the final frozen tensors and optimizer state."""
 
-    live: Params
-    frozen: Params
-    bufs: Params
+    live: ParamDict
+    frozen: ParamDict
+    bufs: ParamDict
     loss: float  # mean data loss over the steps (skipped ones included); NaN without steps
     steps: int
 

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from fedcomm.comm.payload import Dense, Entry, Free, Mask, Payload
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 Masks = dict[str, Tensor]  # maskable weight name -> bool mask of its shape
 Distribution = Literal["official", "erk", "uniform"]
@@ -196,7 +196,7 @@ def prune_to_budgets(
     return {name: top_k(params[name].abs(), budgets[name], m) for name, m in masks.items()}
 
 
-def apply_masks(params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> Params:
+def apply_masks(params: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> ParamDict:
     """``θ ⊙ m`` for masked weights, other tensors unchanged (new dict, inputs untouched)."""
     return {k: torch.where(masks[k], v, 0.0) if k in masks else v for k, v in params.items()}
 
@@ -205,7 +205,7 @@ def masked_average(
     values: Sequence[Mapping[str, Tensor]],
     masks: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
-) -> tuple[Params, Masks]:
+) -> tuple[ParamDict, Masks]:
     """FedDST's sparse averaging ``(θ, union)``.
 
     For a masked weight, entrywise ``θ_j = Σ_k w_k m_kj θ_kj / Σ_k w_k m_kj`` (0 where no client
@@ -216,7 +216,7 @@ def masked_average(
     total = float(sum(weights))
     if total <= 0:
         raise ValueError(f"weights must sum to > 0, got {list(weights)}")
-    out: Params = {}
+    out: ParamDict = {}
     union: Masks = {}
     for name, ref in values[0].items():
         num = torch.zeros_like(ref)
@@ -302,11 +302,11 @@ def encode(
     return Payload(entries)
 
 
-def decode(decoded: Mapping[str, Tensor]) -> tuple[Params, Masks]:
+def decode(decoded: Mapping[str, Tensor]) -> tuple[ParamDict, Masks]:
     """Inverse of :func:`encode` on a decoded payload: full tensors (zeros off the masks) and
     the masks."""
     masks = {k.removeprefix(MASK): v.bool() for k, v in decoded.items() if k.startswith(MASK)}
-    params: Params = {}
+    params: ParamDict = {}
     for key, values in decoded.items():
         if not key.startswith(VALUES):
             continue

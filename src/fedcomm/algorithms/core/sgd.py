@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 LossHook = Callable[[Mapping[str, Tensor], Tensor], Tensor]
 GradHook = Callable[[Mapping[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
@@ -95,7 +95,7 @@ class AuxAdamax:
 
 @dataclass(frozen=True)
 class LocalResult:
-    params: Params
+    params: ParamDict
     loss: float  # mean training loss over the steps taken
     steps: int
     bufs: dict[str, Tensor] = field(default_factory=dict)  # optimizer state at the end

@@ -96,7 +96,7 @@ from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Config(AlgorithmConfig):
@@ -183,7 +183,7 @@ class ClientState:
 
 @dataclass(frozen=True)
 class ServerState:
-    params: Params  # U
+    params: ParamDict  # U
     opt_state: OptState
     specs: tuple[GroupSpec, ...]  # the droppable row layers
 
@@ -244,7 +244,7 @@ def make(cfg: Config) -> FedAlgorithm:
     opt = cfg.server.build()
     programs: dict[tuple[int, bool], tuple[nn.Module, _jobs.LocalProgram]] = {}
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         specs = row_specs(ctx.model, cfg.drop_output_layer, cfg.lstm_rows, cfg.drop_embedding)
         return ServerState(core.clone_params(params), opt.init(params), specs)
 

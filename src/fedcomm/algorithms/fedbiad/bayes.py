@@ -42,7 +42,7 @@ from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientData
 from fedcomm.models.groups import GroupSpec, expand_mask, rows
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 # a client's per-step tensors in its local job: row masks of β per parameter, the weight noise ε,
 # s̃ and the KL weight 1/(α·n_k) (n_k: likelihood terms, see likelihood_terms)
@@ -231,7 +231,7 @@ def row_masks(
 
 def weight_noise(
     params: Mapping[str, Tensor], like: Mapping[str, Tensor], s_tilde: float, gen: torch.Generator
-) -> Params:
+) -> ParamDict:
     """``eps.<param>``: one step's ``ε ~ N(0, I)`` per parameter, in parameter order, drawn on
     the client's (CPU) generator so the draws are the same on any device; zeros when ``s̃ = 0``."""
     if s_tilde > 0:

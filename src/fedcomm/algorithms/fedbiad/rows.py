@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from fedcomm.algorithms.fedbiad.bayes import row_masks
 from fedcomm.algorithms.submodel.units import by_score, keep_ranked, score_ranking, select
 from fedcomm.models.groups import GroupSpec, rows
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 _RECURRENT = re.compile(r"weight_(ih|hh|hr)_l\d+(?:_reverse)?")  # nn.RNNBase's matrices
 
@@ -212,7 +212,7 @@ def stage_one_check(
     idx: Tensor,
     *,
     data_loss: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], float] | None = None,
-) -> tuple[Params, Params] | None:
+) -> tuple[ParamDict, ParamDict] | None:
     """Algorithm 1, lines 18-26, after step ``v`` of stage one (``_jobs.AfterStep``): at a check
     point (every ``τ`` steps from ``2τ``), resample ``β`` if the loss rose (Eq. 8; ``p`` and
     ``scope`` as :func:`random_pattern`) and update ``E`` (Eq. 9); returns the new row masks for

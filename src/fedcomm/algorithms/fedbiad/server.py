@@ -38,7 +38,7 @@ from fedcomm.algorithms.fedbiad.rows import validate_model
 from fedcomm.algorithms.submodel.units import param_masks, unit_layers
 from fedcomm.comm.payload import Entry, Free, Payload
 from fedcomm.models.groups import GroupSpec
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 MASK = "mask/"  # f"mask/{spec}": β of one row layer, 1 bit per row (comm.payload.Mask)
 KEEP = "keep/"  # f"keep/{param}": the entry mask β expands to (Free: the receiver rebuilds it)
@@ -61,10 +61,10 @@ def encode_upload(
     return Payload(entries)
 
 
-def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> ParamDict:
     """``β_k ∘ U_k`` from the downloaded ``U_{r−1}`` and the sent updates: zeros on dropped
     rows (unrowed parameters: ``U_{r−1}`` + their update)."""
-    out: Params = {}
+    out: ParamDict = {}
     for name, ref in down.items():
         values = up[f"w/{name}"]
         keep = up.get(KEEP + name)
@@ -109,7 +109,7 @@ def reconstruct(
     specs: Sequence[GroupSpec],
     model: nn.Module | None,
     holders: bool,
-) -> tuple[Params, dict[str, Tensor]]:
+) -> tuple[ParamDict, dict[str, Tensor]]:
     """Algorithm 1, line 7: ``(β_k ∘ U_k, its entry masks)`` reconstructed from one upload and
     the server's ``U_{r−1}`` (``holders``: the masks also cover the next layer's columns reading
     the dropped rows)."""
@@ -133,7 +133,7 @@ def aggregate(
     got: Iterable[tuple[Mapping[str, Tensor], Mapping[str, Tensor]]],
     weights: Sequence[float],
     how: str,
-) -> tuple[Params, dict[str, Tensor]]:
+) -> tuple[ParamDict, dict[str, Tensor]]:
     """Eq. 10: ``(Δ, held)`` with ``U_agg = U_{r−1} + Δ``.
 
     ``got`` yields, per client k, its decoded ``β_k ∘ U_k`` (zeros off its rows) and its bool

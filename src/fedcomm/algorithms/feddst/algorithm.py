@@ -82,7 +82,7 @@ from fedcomm.algorithms.feddst.readjust import (
     regrow,
 )
 from fedcomm.comm.payload import Payload
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 __all__ = [  # from the _feddst_* helpers, part of this module's API (the tests use them)
     "DEFAULT_READJUST_END",
@@ -125,7 +125,7 @@ class Config(SparseConfig):  # S, the layer budgets, the weighting: SparseConfig
 
 @dataclass(frozen=True)
 class ServerState:
-    params: Params  # θ ⊙ m
+    params: ParamDict  # θ ⊙ m
     masks: Masks
     budgets: Mapping[str, int]  # k_l(S) the server prunes the union back to
     digest: str  # of ``masks``
@@ -138,7 +138,7 @@ class ServerState:
 
 
 def init_state(
-    cfg: SparseConfig, params: Params, model: nn.Module | None, dense: bool
+    cfg: SparseConfig, params: ParamDict, model: nn.Module | None, dense: bool
 ) -> ServerState:
     """``m_0``: layer-wise magnitude pruning of ``θ_0`` to ``k_l(S)`` (all ones if ``dense``)."""
     layers = layers_of(model)
@@ -232,7 +232,7 @@ def make(
     leaves ``m_0`` all ones for ``warm_start`` to set (GraSP)."""
     sent, shared = Downlinks(), ClientShared()
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         return init_state(cfg, params, ctx.model, dense_start)
 
     def broadcast(

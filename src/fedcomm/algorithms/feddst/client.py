@@ -24,7 +24,7 @@ from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.reuse import Reused
 from fedcomm.algorithms.core.sparse_train import churn
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 MASK = "mask."  # a client's current masks in its job's frozen tensors
 
@@ -62,10 +62,10 @@ class ClientShared:
     program: _jobs.LocalProgram = field(
         default_factory=lambda: _jobs.LocalProgram(post_step=_masked_post)
     )
-    decoded: Reused[tuple[Params, _masks.Masks]] = field(default_factory=Reused)  # the downlink
+    decoded: Reused[tuple[ParamDict, _masks.Masks]] = field(default_factory=Reused)  # the downlink
     digests: Reused[str] = field(default_factory=Reused)  # the last mask set hashed
 
-    def downlink(self, down: Mapping[str, Tensor]) -> tuple[Params, _masks.Masks]:
+    def downlink(self, down: Mapping[str, Tensor]) -> tuple[ParamDict, _masks.Masks]:
         """The global ``(θ ⊙ m, m)``, decoded once per round."""
         return self.decoded.get(list(down.values()), lambda: _masks.decode(down))
 

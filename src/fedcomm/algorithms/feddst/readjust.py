@@ -28,7 +28,7 @@ from fedcomm.algorithms.core.masks import Masks
 from fedcomm.algorithms.core.sparse_train import SparseConfig, layers_of
 from fedcomm.algorithms.feddst import client
 from fedcomm.algorithms.feddst.client import frozen_masks, masks_of
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 DEFAULT_READJUST_END = 200  # the code's R // 2 at its default R = 400 rounds
 
@@ -89,7 +89,7 @@ def readjust(
     keep: Mapping[str, int],
     target: Mapping[str, int],
     candidates: str,
-) -> tuple[Params, Masks]:
+) -> tuple[ParamDict, Masks]:
     """Per layer: :func:`prune` to ``keep[l]``, :func:`regrow` to ``target[l]`` and set the grown
     entries to 0. Returns new ``(θ ⊙ m, m)``."""
     new_params, new_masks = dict(params), {}
@@ -112,7 +112,7 @@ def readjust_step(
     live: Mapping[str, Tensor],
     frozen: Mapping[str, Tensor],
     idx: Tensor,
-) -> tuple[Params, Params]:
+) -> tuple[ParamDict, ParamDict]:
     """The client's readjustment after its step ``i`` (a job's ``after_step``): the dense CE
     gradient on that step's minibatch ``idx``, then :func:`readjust`: prune to ``k_l(S')``,
     regrow to ``k_l(S)``."""

@@ -86,7 +86,7 @@ from fedcomm.algorithms.fedsparse.server import (
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState, ServerOptConfig, Transform, adam_server, adamax
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Config(AlgorithmConfig):
@@ -134,9 +134,9 @@ class Config(AlgorithmConfig):
 
 @dataclass(frozen=True)
 class ServerState:
-    params: Params  # w; pruned groups are exactly zero
-    v: Params  # (count,) per group spec
-    alive: Params  # (count,) bool per group spec; pruned groups never come back
+    params: ParamDict  # w; pruned groups are exactly zero
+    v: ParamDict  # (count,) per group spec
+    alive: ParamDict  # (count,) bool per group spec; pruned groups never come back
     w_opt: OptState
     v_opt: OptState
     specs: tuple[GroupSpec, ...]
@@ -161,7 +161,7 @@ def step_rule(cfg: Config) -> StepRule:
 
 
 def initial_state(
-    params: Params, specs: tuple[GroupSpec, ...], cfg: Config, w_opt: Transform, v_opt: Transform
+    params: ParamDict, specs: tuple[GroupSpec, ...], cfg: Config, w_opt: Transform, v_opt: Transform
 ) -> ServerState:
     """Initialize ``w`` (the model) and ``v`` (every θ at ``init_theta``). Algorithm 1 line 1"""
     v = initial_v(params, specs, cfg.T, cfg.init_theta)
@@ -205,10 +205,10 @@ class Received:
     """A client's view of the downlink, the same for every client of a round."""
 
     specs: tuple[GroupSpec, ...]
-    alive: Params  # (count,) bool per spec
-    w: Params  # the server's weights (pruned groups 0)
-    v: Params  # (count,) per spec (pruned groups 0)
-    theta: Params  # θ, held constant during the round
+    alive: ParamDict  # (count,) bool per spec
+    w: ParamDict  # the server's weights (pruned groups 0)
+    v: ParamDict  # (count,) per spec (pruned groups 0)
+    theta: ParamDict  # θ, held constant during the round
     frozen: dict[str, Tensor]  # the local step's per-client tensors
     pruned: bool  # some group is pruned
 
@@ -216,7 +216,7 @@ class Received:
 def receive(
     down: Mapping[str, Tensor],
     specs: tuple[GroupSpec, ...],
-    shapes: Params,
+    shapes: ParamDict,
     cfg: Config,
     round_: int,
 ) -> Received:
@@ -258,7 +258,7 @@ def make(cfg: Config) -> FedAlgorithm:
     sent: Reused[Payload] = Reused()  # the current server state's downlink, encoded once
     decoded: Reused[Received] = Reused()  # the round's downlink, as every client sees it
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         specs = gated_groups(ctx.model, cfg.prune_output)
         return initial_state(params, specs, cfg, w_opt, v_opt)
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedcomm.models.groups import GroupSpec, group_norms, group_norms_detached
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # hard-concrete (Louizos et al. 2018, the L0 paper)
 L0_SHIFT = -BETA * math.log(-GAMMA / ZETA)  # ≈ 1.599: P(z > 0) = σ(log α + L0_SHIFT)
@@ -40,14 +40,14 @@ def gate_logits(
 
 def gate_probs(
     params: Mapping[str, Tensor], v: Mapping[str, Tensor], specs: Sequence[GroupSpec], T: float
-) -> Params:
+) -> ParamDict:
     """θ (or π) of every group, ``(count,)`` per spec (Algorithm 1 line 4, Algorithm 2 line 2)."""
     return {s.name: torch.sigmoid(gate_logits(params, v, s, T)) for s in specs}
 
 
 def initial_v(
     params: Mapping[str, Tensor], specs: Sequence[GroupSpec], T: float, init_theta: float
-) -> Params:
+) -> ParamDict:
     """``v_g = softplus⁻¹(‖w_g‖ − T·logit θ0)``, so every θ_g starts at ``init_theta`` (a dense
     start; spec §1.3), clamped where the norm is too small for that."""
     logit0 = math.log(init_theta / (1 - init_theta))

@@ -23,7 +23,7 @@ from fedcomm.algorithms.core.grouped import member_axes
 from fedcomm.algorithms.fedsparse.gates import gate_logits, hard_concrete
 from fedcomm.algorithms.fedsparse.penalties import drift, l0_cost, prior_log_likelihood
 from fedcomm.models.groups import GroupSpec, group_sizes, groups
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 # per-client tensors of the local step (LocalJob.frozen / live keys)
 GATE, NOISE, THETA, COST, ALIVE, ANCHOR = "gate.", "u.", "theta.", "l0.", "alive.", "anchor."
@@ -55,7 +55,12 @@ def gated_groups(model: torch.nn.Module | None, prune_output: bool) -> tuple[Gro
 
 
 def step_constants(
-    theta: Params, alive: Params, w: Params, specs: Sequence[GroupSpec], l0: float, anchored: bool
+    theta: ParamDict,
+    alive: ParamDict,
+    w: ParamDict,
+    specs: Sequence[GroupSpec],
+    l0: float,
+    anchored: bool,
 ) -> dict[str, Tensor]:
     """A round's per-client constants of the step: θ, ``λ0 |g|``, the alive masks and (for the
     drift, ``anchored``) the server's ``w``."""
@@ -77,7 +82,7 @@ def penalty_scale(num_examples: int, like: Tensor) -> dict[str, Tensor]:
 
 
 def step_noise(
-    specs: Sequence[GroupSpec], steps: int, generator: torch.Generator, like: Params
+    specs: Sequence[GroupSpec], steps: int, generator: torch.Generator, like: ParamDict
 ) -> list[dict[str, Tensor]]:
     """The hard-concrete noise ``u ~ U(1e-6, 1 − 1e-6)`` of every group for each of ``steps``
     local steps (step by step, group by group: the order the local loop uses it), drawn in one
@@ -211,9 +216,9 @@ class Programs:
         self._programs: dict[
             tuple[int, bool, frozenset[str]], tuple[torch.nn.Module, _jobs.LocalProgram]
         ] = {}
-        self._structures: dict[int, tuple[torch.nn.Module, tuple[GroupSpec, ...], Params]] = {}
+        self._structures: dict[int, tuple[torch.nn.Module, tuple[GroupSpec, ...], ParamDict]] = {}
 
-    def structure(self, model: torch.nn.Module) -> tuple[tuple[GroupSpec, ...], Params]:
+    def structure(self, model: torch.nn.Module) -> tuple[tuple[GroupSpec, ...], ParamDict]:
         """The model's gated groups and parameters (for their shapes)."""
         hit = self._structures.get(id(model))
         if hit is None or hit[0] is not model:

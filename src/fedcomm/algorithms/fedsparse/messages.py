@@ -16,11 +16,11 @@ from torch import Tensor
 from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.comm.payload import Dense, Payload
 from fedcomm.models.groups import GroupSpec
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 def encode_downlink(
-    params: Params, v: Params, alive: Mapping[str, Tensor], specs: Sequence[GroupSpec]
+    params: ParamDict, v: ParamDict, alive: Mapping[str, Tensor], specs: Sequence[GroupSpec]
 ) -> Payload:
     """The surviving weights, ``v`` of the surviving groups, 1 bit per group."""
     entries = encode_groups(params, specs, alive, send_masks=True)
@@ -30,8 +30,8 @@ def encode_downlink(
 
 
 def decode_downlink(
-    down: Mapping[str, Tensor], specs: Sequence[GroupSpec], shapes: Params
-) -> tuple[Params, Params, Params]:
+    down: Mapping[str, Tensor], specs: Sequence[GroupSpec], shapes: ParamDict
+) -> tuple[ParamDict, ParamDict, ParamDict]:
     """``(alive, w, v)`` from :func:`encode_downlink`'s decoded tensors; pruned groups are 0 in
     ``w`` and ``v``. ``shapes``: the receiver's parameters (shapes and dtypes)."""
     alive = {s.name: down[f"mask/{s.name}"].bool() for s in specs}  # (count,) per spec
@@ -46,8 +46,8 @@ def decode_downlink(
 
 
 def encode_upload(
-    w_s: Params, z: Mapping[str, Tensor], alive: Mapping[str, Tensor], specs: Sequence[GroupSpec]
-) -> tuple[Payload, Params]:
+    w_s: ParamDict, z: Mapping[str, Tensor], alive: Mapping[str, Tensor], specs: Sequence[GroupSpec]
+) -> tuple[Payload, ParamDict]:
     """``z_s`` (1 bit per surviving group) and the weights of the kept groups, and what the
     server rebuilds from them: ``ŵ_s = z_s ⊙ w_s`` (Algorithm 2's return)."""
     sent = entry_masks(specs, z, w_s)

@@ -16,7 +16,7 @@ from torch import Tensor
 from fedcomm.algorithms.core.grouped import entry_masks, member_axes, scatter_mask
 from fedcomm.algorithms.fedsparse.gates import gate_probs
 from fedcomm.models.groups import GroupSpec
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 def uploaded_gates(
@@ -29,12 +29,12 @@ def uploaded_gates(
 
 
 def weight_gradient(
-    params: Params,
+    params: ParamDict,
     uploads: Sequence[Mapping[str, Tensor]],
     zs: Sequence[Mapping[str, Tensor]],
     weights: Tensor,
     specs: Sequence[GroupSpec],
-) -> Params:
+) -> ParamDict:
     """The server's ``Σ_s p_s z_s ⊙ (ŵ_s − w)`` (ungated parameters: ``z_s ≡ 1``), each upload
     added straight into its kept slices (``index_add_`` of ``p_s (ŵ_s − w)`` there; nothing
     elsewhere, where ``z_s = 0``): no full-size decode, mask or product per client. Differences
@@ -43,7 +43,7 @@ def weight_gradient(
     and agree with that form to the bit (tested)."""
     axes = member_axes(specs)
     p = [float(wt) for wt in weights]  # (one read of the K weights)
-    out: Params = {k: torch.zeros_like(t) for k, t in params.items()}
+    out: ParamDict = {k: torch.zeros_like(t) for k, t in params.items()}
     for up, z, ps in zip(uploads, zs, p, strict=True):
         for k, w in params.items():
             values = up[f"w/{k}"]
@@ -70,14 +70,14 @@ def v_gradient(
     return (p.reshape(-1, 1) * per_client).sum(0)
 
 
-def prune(alive: Mapping[str, Tensor], theta: Mapping[str, Tensor], threshold: float) -> Params:
+def prune(alive: Mapping[str, Tensor], theta: Mapping[str, Tensor], threshold: float) -> ParamDict:
     """``alive ∧ (θ > ε)``: a pruned group never comes back. Algorithm 1 line 5"""
     return {k: a & (theta[k] > threshold) for k, a in alive.items()}
 
 
 def zero_pruned(
-    params: Params, opt_state: Any, alive: Mapping[str, Tensor], specs: Sequence[GroupSpec]
-) -> tuple[Params, Any]:
+    params: ParamDict, opt_state: Any, alive: Mapping[str, Tensor], specs: Sequence[GroupSpec]
+) -> tuple[ParamDict, Any]:
     """The pruned groups' weights (Algorithm 1 line 5) and optimizer moments (§1.4 Rec) zeroed."""
     keep = entry_masks(specs, alive, params)
     params = {k: t * keep[k] if k in keep else t for k, t in params.items()}
@@ -85,7 +85,11 @@ def zero_pruned(
 
 
 def server_metrics(
-    params: Params, v: Params, alive: Mapping[str, Tensor], specs: Sequence[GroupSpec], T: float
+    params: ParamDict,
+    v: ParamDict,
+    alive: Mapping[str, Tensor],
+    specs: Sequence[GroupSpec],
+    T: float,
 ) -> dict[str, float]:
     """Logged per round: the fraction of groups alive and the mean ``θ`` (over every group)."""
     alive_ = torch.cat([a.float() for a in alive.values()])

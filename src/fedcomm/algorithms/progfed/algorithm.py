@@ -86,7 +86,7 @@ from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.progressive import ProgressiveNet
 from fedcomm.server_opt import OptState
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 # the schedule and the charge live in helper modules; the names the tests use are re-exported
 __all__ = ["Config", "Phase", "build", "charged_values", "cosine_lr", "schedule", "warmup_index"]
@@ -156,15 +156,15 @@ class Config(AlgorithmConfig):
 
 @dataclass(frozen=True)
 class ServerState:
-    params: Params  # every parameter of the progressive net (inactive ones at their init)
+    params: ParamDict  # every parameter of the progressive net (inactive ones at their init)
     opt_state: OptState  # over the parameters trained in the current phase
     submodels: tuple[tuple[str, ...], ...]  # parameter names of M^1 … M^S
     round_: int = 0  # rounds completed
     metrics: Mapping[str, float] = field(default_factory=dict)
-    init: Params = field(default_factory=dict)  # the initial parameters (``grow_from: init``)
+    init: ParamDict = field(default_factory=dict)  # the initial parameters (``grow_from: init``)
 
 
-def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> ParamDict:
     """The model an upload stands for: ``θ_server + Δ`` on the trained parameters."""
     return {k: down[k] + up[k] if k in up else down[k] for k in charge.without_counter(down)}
 
@@ -195,7 +195,7 @@ def build(cfg: Config) -> FedAlgorithm:
             ph, sched.at_round(windex, round_), submodel, new, cfg.warmup_charge
         )
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         net = as_net(ctx.model)
         ph = phase(1)
         sub = {k: params[k] for k in trained(net, ph)}
@@ -264,7 +264,7 @@ def build(cfg: Config) -> FedAlgorithm:
         stats = round_stats(net, ph, factor(ph))
         return ServerState(params, opt_state, state.submodels, ctx.round_, stats, state.init)
 
-    def global_params(state: ServerState) -> Params:
+    def global_params(state: ServerState) -> ParamDict:
         # the sub-model of the last completed round (round 1's before training)
         names = state.submodels[phase(state.round_).stage - 1]
         return {k: state.params[k] for k in names}

@@ -21,16 +21,16 @@ from fedcomm.algorithms.core.context import ClientContext, ClientData
 from fedcomm.algorithms.progfed.schedule import Phase
 from fedcomm.models.progressive import ProgressiveNet
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 @dataclass(frozen=True)
 class ClientState:
     key: tuple[int, bool]  # (stage, warmup) the momentum buffers belong to
-    bufs: Params
+    bufs: ParamDict
 
 
-def momentum_bufs(cstate: ClientState | None, ph: Phase) -> Params | None:
+def momentum_bufs(cstate: ClientState | None, ph: Phase) -> ParamDict | None:
     """``client_momentum: persistent``: the client's buffers while the trained set is the one
     they belong to (the code's ``VirtualWorker.opt``), else fresh (None)."""
     if cstate is None or cstate.key != (ph.stage, ph.warmup):
@@ -56,7 +56,7 @@ def local_run(
     keys: Set[str],
     grad_hook: _local.GradHook | None,
     skip_loss: float | None,
-    bufs: Params | None,
+    bufs: ParamDict | None,
 ) -> _local.LocalResult:
     """Local SGD on ``M^s`` from ``down`` at rate ``lr``, training only ``keys`` (the rest of
     ``down`` frozen), skipping steps whose loss is ``≥ skip_loss``, from momentum ``bufs``."""

@@ -74,7 +74,7 @@ from fedcomm.algorithms.prunefl.readjust import is_readjust, prune_fraction, rea
 from fedcomm.algorithms.prunefl.times import entry_times, maskable, validate_model
 from fedcomm.comm.payload import Dense, Mask, Payload
 from fedcomm.server_opt import OptState, Transform
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 masked = _masks.apply_masks  # parameters with every maskable entry outside its mask set to 0
 density = _masks.density  # fraction of maskable entries that are active
@@ -113,7 +113,7 @@ class Config(AlgorithmConfig):
 
 @dataclass(frozen=True)
 class ServerState:
-    params: Params  # zero outside the mask
+    params: ParamDict  # zero outside the mask
     opt_state: OptState
     masks: dict[str, Tensor]  # bool, one per maskable parameter
     times: dict[str, float] | None  # per-entry time per maskable layer (flops: set by phase one)
@@ -254,7 +254,7 @@ def server_metrics(state: ServerState) -> dict[str, float]:
 def make(cfg: Config) -> FedAlgorithm:
     opt = cfg.server.build()
 
-    def init_server(params: Params, ctx: RoundContext) -> ServerState:
+    def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
         if ctx.model is None:
             raise ValueError("prunefl needs the model structure in the round context")
         masks = {n: torch.ones_like(params[n], dtype=torch.bool) for n in maskable(ctx.model)}

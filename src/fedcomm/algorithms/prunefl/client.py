@@ -30,7 +30,7 @@ from fedcomm.algorithms.core import ClientData, Uplink, weighted_mean
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.comm.payload import Dense, Entry, Free, Mask, Payload
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 W = "w/"  # f"w/{param}": active values (maskable) or the whole tensor (dense), 32 bits each
 MASK = "mask/"  # f"mask/{param}": the mask (Mask: 1 bit per entry; Free: the client's own copy)
@@ -52,9 +52,9 @@ def pack(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> dict[str
 
 def unpack(
     decoded: Mapping[str, Tensor], shapes: Mapping[str, Tensor], masks: Mapping[str, Tensor]
-) -> Params:
+) -> ParamDict:
     """Inverse of :func:`pack` (``shapes``: tensors of the receiver's shapes; zeros off masks)."""
-    out: Params = {}
+    out: ParamDict = {}
     for k, ref in shapes.items():
         values = decoded[W + k].reshape(-1)
         if k in masks:
@@ -80,7 +80,7 @@ def masks_of(down: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k[len(MASK) :]: m.bool() for k, m in down.items() if k.startswith(MASK)}
 
 
-def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> ParamDict:
     """The model a client's upload stands for: the downloaded model plus the sent update."""
     masks = masks_of(down)
     names = [k[len(W) :] for k in down if k.startswith(W)]
@@ -90,7 +90,7 @@ def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Para
     return {k: start[k] + delta[k] for k in names}
 
 
-def mean_gradient(uplinks: Sequence[Uplink], masks: Mapping[str, Tensor]) -> Params:
+def mean_gradient(uplinks: Sequence[Uplink], masks: Mapping[str, Tensor]) -> ParamDict:
     """The unweighted mean (as the code) of the clients' uploaded ``grad/<name>``, one per mask."""
     grads = [{k: u.tensors[GRAD + k].reshape(m.shape) for k, m in masks.items()} for u in uplinks]
     return weighted_mean(grads, [1.0] * len(grads))
@@ -103,7 +103,7 @@ def train_masked(
     data: ClientData,
     local: _local.LocalConfig,
     generator: torch.Generator,
-) -> tuple[Params, dict[str, Tensor], float]:
+) -> tuple[ParamDict, dict[str, Tensor], float]:
     """Local SGD on the active weights (masked-out ones zeroed after every step); returns the
     trained params, the last minibatch's gradient of every maskable entry (CE only, at the
     weights of that step, as ``param.grad`` in the code; zeros without data) and the mean loss."""

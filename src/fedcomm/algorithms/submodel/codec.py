@@ -17,7 +17,7 @@ from torch import Tensor
 from fedcomm.algorithms.submodel.units import param_masks
 from fedcomm.comm.payload import Dense, Entry, Free, Mask
 from fedcomm.models.groups import GroupSpec
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 KEEP = "keep/"  # f"keep/{param}": the Free keep mask next to a parameter's kept values
 UNIT = "unit/"  # f"unit/{layer}": a hidden layer's (count,) unit keep mask
@@ -37,9 +37,9 @@ def keep_masks(decoded: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k.removeprefix(KEEP): v for k, v in decoded.items() if k.startswith(KEEP)}
 
 
-def decode_kept(decoded: Mapping[str, Tensor]) -> Params:
+def decode_kept(decoded: Mapping[str, Tensor]) -> ParamDict:
     """Inverse of :func:`encode_kept`: full tensors, zeros off the keep masks."""
-    out: Params = {}
+    out: ParamDict = {}
     for name, keep in keep_masks(decoded).items():
         out[name] = decoded[name].new_zeros(keep.shape)
         out[name][keep] = decoded[name]
@@ -66,7 +66,7 @@ def encode(
     return out if pattern is None else out | pattern_entries(layers, keep, pattern)
 
 
-def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Params:
+def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> ParamDict:
     """The sub-model a client uploaded: its download plus its delta (zeros off the sub-model)."""
     delta = decode_kept(up)
     return {k: w + delta[k] for k, w in decode_kept(down).items()}

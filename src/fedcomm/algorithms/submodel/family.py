@@ -48,14 +48,14 @@ from fedcomm.algorithms.submodel.units import unit_layers
 from fedcomm.comm.payload import Entry, Payload
 from fedcomm.models.groups import GroupSpec
 from fedcomm.server_opt import OptState
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 @dataclass(frozen=True)
 class ServerState:
     """The family's server state; a selection with state of its own subclasses it."""
 
-    params: Params
+    params: ParamDict
     opt_state: OptState
     layers: tuple[GroupSpec, ...]  # the unit graph (:func:`.units.unit_layers`)
 
@@ -107,10 +107,10 @@ def submodel_job(
     down: Mapping[str, Tensor],
     data: ClientData,
     ctx: ClientContext,
-    finish: Callable[[_jobs.JobResult, Params, dict[str, Tensor]], ClientResult],
+    finish: Callable[[_jobs.JobResult, ParamDict, dict[str, Tensor]], ClientResult],
     *,
     program: _jobs.LocalProgram = SUBMODEL,
-    extra: Callable[[Params], dict[str, Tensor]] | None = None,
+    extra: Callable[[ParamDict], dict[str, Tensor]] | None = None,
 ) -> _jobs.LocalJob:
     """Masked local SGD on a decoded sub-model message, as a job: gradients of the dropped
     entries are masked (per client: its keep masks ride in ``frozen``), so they stay zero.
@@ -155,7 +155,7 @@ def masked_client(
     prefix: str,
     *,
     program: Callable[[nn.Module], _jobs.LocalProgram] | None = None,
-    extra: Callable[[Params, ClientData, ClientContext], dict[str, Tensor]] | None = None,
+    extra: Callable[[ParamDict, ClientData, ClientContext], dict[str, Tensor]] | None = None,
     meta: Callable[[_jobs.JobResult], dict[str, Entry]] | None = None,
     local_map: Callable[[nn.Module], _local.ParamMap | None] | None = None,
 ) -> _jobs.ClientJob:
@@ -171,7 +171,7 @@ def masked_client(
     ) -> _jobs.LocalJob:
         as_trained = local_map(ctx.model) if local_map is not None else None
 
-        def finish(res: _jobs.JobResult, sub: Params, keep: dict[str, Tensor]) -> ClientResult:
+        def finish(res: _jobs.JobResult, sub: ParamDict, keep: dict[str, Tensor]) -> ClientResult:
             up = meta(res) if meta is not None else None
             metrics = {"train/loss": res.loss}
             result = submodel_result(res.live, sub, keep, data, metrics, prefix, up)
@@ -205,7 +205,7 @@ def algorithm(
     selection's update. ``optional`` sets other :class:`core.FedAlgorithm` fields."""
     opt = cfg.server.build()
 
-    def init_server(params: Params, ctx: RoundContext) -> Any:
+    def init_server(params: ParamDict, ctx: RoundContext) -> Any:
         layers = unit_layers(ctx.model, cfg.name)
         state = ServerState(core.clone_params(params), opt.init(params), layers)
         return state if select.init is None else select.init(state, ctx)

@@ -23,14 +23,14 @@ from torch import Tensor
 from fedcomm.algorithms.core import weighted_mean
 from fedcomm.algorithms.submodel.units import slice_masks
 from fedcomm.models.groups import GroupSpec
-from fedcomm.types import Params
+from fedcomm.types import ParamDict
 
 
 class Model(Protocol):
     """What an aggregation may read of the server state: the global model and its unit graph."""
 
     @property
-    def params(self) -> Params: ...
+    def params(self) -> ParamDict: ...
 
     @property
     def layers(self) -> tuple[GroupSpec, ...]: ...
@@ -38,8 +38,8 @@ class Model(Protocol):
 
 # (client deltas, their full-shape keep masks, client weights, server state) -> (Δ, held)
 Aggregation = Callable[
-    [Sequence[Params], Sequence[Mapping[str, Tensor]], Sequence[float], Model],
-    tuple[Params, dict[str, Tensor]],
+    [Sequence[ParamDict], Sequence[Mapping[str, Tensor]], Sequence[float], Model],
+    tuple[ParamDict, dict[str, Tensor]],
 ]
 
 
@@ -48,7 +48,7 @@ def aggregate(
     masks: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     how: str,
-) -> tuple[Params, dict[str, Tensor]]:
+) -> tuple[ParamDict, dict[str, Tensor]]:
     """``(Δ, held by any client)``: ``Δ = Σ w_k δ_k / Σ w_k`` over the holders (``held``) or all
     clients (``all``); where every client holds an entry both are the plain weighted mean."""
     mean = weighted_mean(deltas, weights)  # Σ_k w_k δ_k / Σ_k w_k, 0 where nobody holds
@@ -68,11 +68,11 @@ def masked_mean(how: Literal["held", "all"]) -> Aggregation:
 
 
 def recovered_mean(
-    deltas: Sequence[Params],
+    deltas: Sequence[ParamDict],
     masks: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     state: Model,
-) -> tuple[Params, dict[str, Tensor]]:
+) -> tuple[ParamDict, dict[str, Tensor]]:
     """R2SP: ``recovered_k − w`` is client ``k``'s delta with zeros at its pruned positions, so
     the mean of the recovered models is ``w`` plus the weighted mean of the deltas (computed
     without the round trip through ``w``); every recovered model holds every entry."""
@@ -85,7 +85,7 @@ def nested_aggregate(
     masks: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     level_masks: Sequence[Mapping[str, Tensor]],
-) -> tuple[Params, dict[str, Tensor]]:
+) -> tuple[ParamDict, dict[str, Tensor]]:
     """``(Δ, covered)``: on the block of level ``i`` (``level_masks[i] & ~level_masks[i-1]``,
     levels ascending and nested), ``Δ`` is the ``weights``-weighted mean of the deltas of the
     clients whose mask covers all of ``level_masks[i]``; 0 and not covered where no client does.
