@@ -1,11 +1,14 @@
-"""Where things live: the project root (escaping DVC's temporary experiment copies)."""
+"""Where things live: the project root (escaping DVC's temporary experiment copies) and the
+name of a run's folder."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ROOT_ENV = "FEDCOMM_PROJECT_ROOT"
+RUN_DIR = re.compile(r"^(?P<run>.+)-s(?P<seed>\d+)$")  # a run's folder: runs/<run>-s<seed>
 
 
 def project_root(start: Path | None = None) -> Path:

@@ -27,11 +27,11 @@ from torch import nn
 import fedcomm
 from fedcomm.config import Params
 from fedcomm.errors import InputError
+from fedcomm.evaluation.rebuild import Ensemble, ModelLoadError
 from fedcomm.sparse_io import load_sparse
 from fedcomm.stages.partition import load_federated, partition_stage
 from fedcomm.stages.paths import Paths
 from fedcomm.stages.train import train_stage
-from fedcomm.tracking.saved_model import Ensemble, ModelLoadError
 from tests.conftest import REPO, tiny_params
 
 CNN = {"name": "mnist_cnn", "channels": [4, 8], "hidden": 16}

@@ -10,7 +10,6 @@ only when its last round is done, so a run still training has neither).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +17,10 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from fedcomm.paths import RUN_DIR
 from fedcomm.run_files import ROUNDS_COLUMNS, read_table
 
 EVALUATIONS = ("global/accuracy", "local/accuracy", "topk/accuracy")
-RUN_DIR = re.compile(r"^(?P<run>.+)-s(?P<seed>\d+)$")
 
 
 def curve_name(column: str) -> str:

@@ -6,8 +6,9 @@ holds the tensors only. The architecture comes from the config the run was train
 ``seed`` (the initialisation, as the train stage draws it) and what its dataset fixes (one
 example's shape, the number of classes or the vocabulary size). :func:`load_model` finds them
 beside the model (``run.json`` of a ``runs/<run>-s<seed>/train/`` folder, or the MLflow run's
-``config.json`` artifact), rebuilds the model exactly as the evaluate stage does and loads the
-tensors into it, so it predicts what the run's final evaluation measured.
+``config.json`` artifact), which is this module's part; :mod:`fedcomm.evaluation.rebuild`
+rebuilds the model exactly as the evaluate stage does and loads the tensors into it, so it
+predicts what the run's final evaluation measured.
 
 Example:
     >>> model = fedcomm.load_model("runs/fedsparse-s0")  # doctest: +SKIP
@@ -16,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import tempfile
@@ -24,44 +24,26 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from pydantic import TypeAdapter, ValidationError
 from torch import Tensor, nn
 
-from fedcomm.errors import InputError, one_line
-from fedcomm.paths import project_root
+from fedcomm.errors import one_line
+from fedcomm.evaluation.rebuild import ModelLoadError, RunSpec, data_shape, rebuild
+from fedcomm.paths import RUN_DIR, project_root
 
 MODEL_FILE = "model.safetensors"
 RUN_FILE = "run.json"  # beside the model in runs/<run>-s<seed>/train/: {"config": ..., ...}
 CONFIG_ARTIFACT = "config.json"  # the resolved run config every MLflow training run logs
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-_RUN_DIR = re.compile(r"^(?P<run>.+)-s(?P<seed>\d+)$")
 _PASS_PARAMS = (
     "pass params= (the run's config: run.json's `config` or the MLflow run's config.json, or "
     "the project's params.yaml)"
 )
 
 Source = str | Path
-
-
-class ModelLoadError(InputError, ValueError):
-    """What :func:`load_model` needs is missing or does not fit; the one-line message names it
-    and how to pass it."""
-
-
-class Ensemble(nn.Module):
-    """An ensemble's members (``fedavg_mog``) as one model: the log of the members' mean softmax,
-    which is what the evaluation scores (its arg-max is the ensemble's prediction)."""
-
-    def __init__(self, members: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x: Tensor) -> Tensor:
-        probs = torch.stack([m(x).float().softmax(-1) for m in self.members]).mean(0)
-        return probs.clamp_min(1e-30).log()
 
 
 @dataclass(frozen=True)
@@ -110,7 +92,7 @@ def load_model(
         The registry's model with the saved tensors loaded (zeros where the file's bitmap or
         indices hold none). ProgFed: the plain architecture once the final stage is reached,
         else the stage's sub-model (:class:`~fedcomm.models.ProgressiveNet` view); an ensemble
-        (``fedavg_mog``): an :class:`Ensemble` of its members.
+        (``fedavg_mog``): an :class:`~fedcomm.evaluation.rebuild.Ensemble` of its members.
 
     Raises:
         ModelLoadError: the source, its config, its dataset or its tensors cannot be found or do
@@ -121,19 +103,11 @@ def load_model(
     spec, project = _run_spec(params, found)
     if input_shape is None or num_classes is None:
         root = data_root if data_root is not None else _config_root(params, project)
-        shape, classes = _data_shape(spec.data, root, found.where)
+        shape, classes = data_shape(spec, root, found.where)
         input_shape = shape if input_shape is None else input_shape
         num_classes = classes if num_classes is None else num_classes
-    model = _architecture(spec, tuple(int(s) for s in input_shape), num_classes, found.where)
-    from fedcomm.algorithms.core import split_members
-
-    members = split_members(tensors)
-    loaded = [
-        _load_into(model if len(members) == 1 else copy.deepcopy(model), m, found.where)
-        for m in members
-    ]
-    out = loaded[0] if len(loaded) == 1 else Ensemble(loaded)
-    return out.eval().to(map_location)
+    shape = tuple(int(s) for s in input_shape)
+    return rebuild(spec, tensors, shape, num_classes, found.where).eval().to(map_location)
 
 
 # --- where the model and its config are ------------------------------------------------------
@@ -177,7 +151,7 @@ def _from_path(path: Path) -> _Found:
     elif (path.parent / CONFIG_ARTIFACT).is_file():  # MLflow's artifacts, downloaded by hand
         config = _json_config(path.parent / CONFIG_ARTIFACT)
     run_dir = path.parent.parent if path.parent.name == "train" else path.parent
-    match = _RUN_DIR.match(run_dir.name)
+    match = RUN_DIR.match(run_dir.name)
     run_seed = (match["run"], int(match["seed"])) if match else None
     project = run_dir.parent.parent if run_seed else None
     return _Found(path, str(path), config, run_seed, project)
@@ -245,17 +219,7 @@ def _read_tensors(found: _Found) -> dict[str, Tensor]:
 # --- the config the run was trained with -----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _RunSpec:
-    """What the architecture needs: the model, algorithm and data configs and the seed."""
-
-    model: Any
-    algorithm: Any
-    data: Any
-    seed: int
-
-
-def _run_spec(params: Any, found: _Found) -> tuple[_RunSpec, Path | None]:
+def _run_spec(params: Any, found: _Found) -> tuple[RunSpec, Path | None]:
     """The run's spec and the project folder whose ``params.yaml`` may name the data root."""
     if params is None:
         if found.config is None:
@@ -277,7 +241,7 @@ def _run_spec(params: Any, found: _Found) -> tuple[_RunSpec, Path | None]:
     return _project_spec(params, found, "params"), found.project
 
 
-def _project_spec(params: Any, found: _Found, what: str) -> _RunSpec:
+def _project_spec(params: Any, found: _Found, what: str) -> RunSpec:
     """The spec of the source's run in a project's params."""
     from fedcomm.config import ConfigError, Params, validate_params
 
@@ -297,9 +261,24 @@ def _project_spec(params: Any, found: _Found, what: str) -> _RunSpec:
             "folder); pass params= as the run's own config (run.json's `config`)"
         )
     try:
-        return _RunSpec(p.model, p.algorithm(run), p.data, seed)
+        return _spec(p.model, p.algorithm(run), p.data, seed)
     except ConfigError as err:
         raise ModelLoadError(f"{found.where}: {one_line(err)} (in {what})") from None
+
+
+def _spec(model: Any, algorithm: Any, data: Any, seed: int) -> RunSpec:
+    """What rebuilding the model needs of a run's validated ``model``, ``algorithm`` and ``data``
+    configs and its seed."""
+    from fedcomm.config import model_options
+
+    return RunSpec(
+        model=model.name,
+        model_options=model_options(model),
+        algorithm=algorithm,
+        dataset=data.dataset.name,
+        dataset_options=data.options(),
+        seed=seed,
+    )
 
 
 def _config_root(params: Any, project: Path | None) -> str | Path | None:
@@ -323,7 +302,7 @@ def _config_root(params: Any, project: Path | None) -> str | Path | None:
     return path if path.is_absolute() or project is None else project / path
 
 
-def _parse(cfg: Mapping[str, Any], where: str) -> _RunSpec:
+def _parse(cfg: Mapping[str, Any], where: str) -> RunSpec:
     """The spec in a resolved run config (``run.json``'s ``config``, MLflow's ``config.json``)."""
     from fedcomm.config import AlgorithmUnion, DataConfig, ModelConfig
 
@@ -331,89 +310,14 @@ def _parse(cfg: Mapping[str, Any], where: str) -> _RunSpec:
     if missing:
         raise ModelLoadError(f"{where}: the run's config lacks {missing}; {_PASS_PARAMS}")
     try:
-        return _RunSpec(
-            model=TypeAdapter(ModelConfig).validate_python(cfg["model"]),
-            algorithm=TypeAdapter(AlgorithmUnion).validate_python(cfg["algorithm"]),
-            data=DataConfig.model_validate(cfg["data"]),
-            seed=int(cfg["seed"]),
+        return _spec(
+            TypeAdapter(ModelConfig).validate_python(cfg["model"]),
+            TypeAdapter(AlgorithmUnion).validate_python(cfg["algorithm"]),
+            DataConfig.model_validate(cfg["data"]),
+            int(cfg["seed"]),
         )
     except (ValidationError, TypeError, ValueError) as err:
         raise ModelLoadError(
             f"{where}: the run's config does not validate (written by another version?): "
             f"{one_line(err)}"
         ) from None
-
-
-def _data_shape(data_cfg: Any, root: str | Path | None, where: str) -> tuple[tuple[int, ...], int]:
-    """One example's shape and the number of classes of the run's dataset (read once)."""
-    from fedcomm.data.datasets.registry import load_dataset
-
-    name = data_cfg.dataset.name
-    try:
-        ds = load_dataset(name, root, **data_cfg.options())
-    except (InputError, ValueError) as err:
-        raise ModelLoadError(
-            f"{where}: the model's input shape and classes come from dataset {name!r}, which "
-            f"could not be read ({one_line(err)}); pass data_root= (or set FEDCOMM_DATA_ROOT), "
-            "or input_shape= and num_classes="
-        ) from None
-    return ds.input_shape, ds.num_classes
-
-
-# --- the architecture, and the tensors in it -------------------------------------------------
-
-
-def _architecture(
-    spec: _RunSpec, input_shape: tuple[int, ...], num_classes: int, where: str
-) -> nn.Module:
-    """The model as the train stage initialised it (the ``(seed, INIT)`` stream; the global RNG
-    is left as it was), in the structure the algorithm trains (ProgFed's progressive net)."""
-    from fedcomm.algorithms import build_algorithm
-    from fedcomm.config import model_options
-    from fedcomm.models import build_model
-    from fedcomm.seeding import Stream, torch_generator
-
-    model_cfg, fit = spec.model, f"(inputs {input_shape}, {num_classes} classes)"
-    with torch.random.fork_rng(devices=[]):
-        gen = torch_generator(spec.seed, Stream.INIT)
-        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device)))
-        try:
-            model = build_model(
-                model_cfg.name,
-                input_shape=input_shape,
-                num_classes=num_classes,
-                **model_options(model_cfg),
-            )
-        except ValueError as err:
-            raise ModelLoadError(f"{where}: model {model_cfg.name!r} {fit}: {err}") from None
-    algorithm = build_algorithm(spec.algorithm)
-    if algorithm.prepare_model is not None:  # ProgFed: the progressive net with its heads
-        model = algorithm.prepare_model(model, spec.seed)
-    return model
-
-
-def _load_into(model: nn.Module, tensors: Mapping[str, Tensor], where: str) -> nn.Module:
-    """``model`` (or the sub-model ``tensors`` describe) with ``tensors`` loaded."""
-    from fedcomm.models import ProgressiveNet, structure_for
-
-    try:
-        target = structure_for(model, tensors)
-    except ValueError as err:
-        raise ModelLoadError(f"{where}: {err}") from None
-    state = target.state_dict()
-    for name, t in tensors.items():
-        if name not in state:
-            raise ModelLoadError(
-                f"{where}: has tensor {name!r}, which the run's model lacks (pass the params "
-                "it was trained with)"
-            )
-        if tuple(t.shape) != tuple(state[name].shape):
-            raise ModelLoadError(
-                f"{where}: tensor {name!r} has shape {tuple(t.shape)}, the run's model "
-                f"{tuple(state[name].shape)} (check input_shape= / num_classes= / params=)"
-            )
-    # tensors a run does not save keep the seeded initialisation, as in its evaluation
-    target.load_state_dict(dict(tensors), strict=False)
-    if isinstance(target, ProgressiveNet):  # the final stage: the plain architecture
-        return cast(nn.Module, target.base)
-    return target
