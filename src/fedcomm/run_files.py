@@ -90,23 +90,39 @@ def read_model(path: Path, remedy: str) -> ParamDict:
         raise _fail(path, f"not a readable fedcomm model file ({one_line(err)})", remedy) from None
 
 
+def misfit(
+    tensors: Mapping[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    model: str = "the configured model",
+    *,
+    lacks: str = "",
+    shape: str = "",
+) -> str | None:
+    """Why saved ``tensors`` do not fit a model whose ``state_dict()`` is ``state`` (``model``
+    names it): the first tensor it lacks, or whose shape differs; None when each is one of its
+    tensors with its shape. ``lacks`` / ``shape`` are appended to the message of that case.
+    (A saved model may hold fewer tensors than its model: ProgFed's final sub-model has no heads
+    of earlier stages.)"""
+    for name, tensor in tensors.items():
+        if name not in state:
+            return f"has tensor {name!r}, which {model} lacks{lacks}"
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            return (
+                f"tensor {name!r} has shape {tuple(tensor.shape)}, {model} "
+                f"{tuple(state[name].shape)}{shape}"
+            )
+    return None
+
+
 def check_fits(
     members: Iterable[ParamDict], model: torch.nn.Module, path: Path, remedy: str
 ) -> None:
-    """Every saved tensor is one of ``model``'s, with its shape. (A saved model may hold fewer
-    tensors than ``model``: ProgFed's final sub-model has no heads of earlier stages.)"""
+    """Every saved tensor is one of ``model``'s, with its shape (:func:`misfit`)."""
     state = model.state_dict()
     for member in members:
-        for name, tensor in member.items():
-            if name not in state:
-                raise _fail(path, f"has tensor {name!r}, which the configured model lacks", remedy)
-            if tuple(tensor.shape) != tuple(state[name].shape):
-                raise _fail(
-                    path,
-                    f"tensor {name!r} has shape {tuple(tensor.shape)}, the configured model "
-                    f"{tuple(state[name].shape)}",
-                    remedy,
-                )
+        problem = misfit(member, state)
+        if problem is not None:
+            raise _fail(path, problem, remedy)
 
 
 def check_config(

@@ -239,3 +239,17 @@ def test_importing_fedcomm_stays_cheap() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_a_tensor_that_does_not_fit_is_named() -> None:
+    """One check (``run_files.misfit``) for the evaluate stage's and load_model's messages."""
+    from fedcomm.run_files import misfit
+
+    state = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
+    assert misfit({"w": torch.ones(2, 3)}, state) is None  # fewer tensors than the model: fine
+    assert misfit({"v": torch.ones(1)}, state) == (
+        "has tensor 'v', which the configured model lacks"
+    )
+    assert misfit({"w": torch.ones(3, 2)}, state, "the run's model", shape=" (check)") == (
+        "tensor 'w' has shape (3, 2), the run's model (2, 3) (check)"
+    )

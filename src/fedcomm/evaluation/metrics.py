@@ -134,18 +134,21 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def ensemble_log_probs(logits: Sequence[Tensor]) -> Tensor:
+    """An ensemble's scores from its members' ``logits``: the log of their mean softmax (in
+    float32, clamped at 1e-30 so no class scores -inf); cross-entropy and argmax on these are
+    the ensemble's NLL and prediction."""
+    probs = torch.stack([z.float().softmax(-1) for z in logits]).mean(0)
+    return probs.clamp_min(1e-30).log()
+
+
 def _scores(model: nn.Module, members: Sequence[Mapping[str, Tensor]], xb: Tensor) -> Tensor:
-    """Logits of one model; for an ensemble, the log of the members' mean softmax (cross-entropy
-    and argmax on these are the ensemble's NLL and prediction)."""
+    """Logits of one model; for an ensemble, :func:`ensemble_log_probs` of its members'."""
     if len(members) == 1:
         return torch.func.functional_call(structure_for(model, members[0]), dict(members[0]), (xb,))
-    probs = torch.stack(
-        [
-            torch.func.functional_call(structure_for(model, m), dict(m), (xb,)).float().softmax(-1)
-            for m in members
-        ]
-    ).mean(0)
-    return probs.clamp_min(1e-30).log()
+    return ensemble_log_probs(
+        [torch.func.functional_call(structure_for(model, m), dict(m), (xb,)) for m in members]
+    )
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from fedcomm.errors import InputError, one_line
+from fedcomm.evaluation.metrics import ensemble_log_probs
+from fedcomm.run_files import misfit
 
 if TYPE_CHECKING:  # (importing fedcomm.algorithms registers every algorithm: on first use only)
     from fedcomm.algorithms.core import AlgorithmConfig
@@ -52,8 +54,7 @@ class Ensemble(nn.Module):
         self.members = nn.ModuleList(members)
 
     def forward(self, x: Tensor) -> Tensor:
-        probs = torch.stack([m(x).float().softmax(-1) for m in self.members]).mean(0)
-        return probs.clamp_min(1e-30).log()
+        return ensemble_log_probs([m(x) for m in self.members])
 
 
 def data_shape(spec: RunSpec, root: str | Path | None, where: str) -> tuple[tuple[int, ...], int]:
@@ -96,24 +97,30 @@ def architecture(
 ) -> nn.Module:
     """The model as the train stage initialised it (the ``(seed, INIT)`` stream; the global RNG
     is left as it was), in the structure the algorithm trains (ProgFed's progressive net)."""
-    from fedcomm.algorithms import build_algorithm
-    from fedcomm.models import build_model
-    from fedcomm.seeding import Stream, torch_generator
+    from fedcomm.models import build_seeded_model
 
     fit = f"(inputs {input_shape}, {num_classes} classes)"
     with torch.random.fork_rng(devices=[]):
-        gen = torch_generator(spec.seed, Stream.INIT)
-        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device)))
         try:
-            model = build_model(
-                spec.model, input_shape=input_shape, num_classes=num_classes, **spec.model_options
+            model = build_seeded_model(
+                spec.model,
+                spec.seed,
+                input_shape=input_shape,
+                num_classes=num_classes,
+                **spec.model_options,
             )
         except ValueError as err:
             raise ModelLoadError(f"{where}: model {spec.model!r} {fit}: {err}") from None
-    algorithm = build_algorithm(spec.algorithm)
-    if algorithm.prepare_model is not None:  # ProgFed: the progressive net with its heads
-        model = algorithm.prepare_model(model, spec.seed)
-    return model
+    return trained_structure(model, spec.algorithm, spec.seed)
+
+
+def trained_structure(model: nn.Module, algorithm: AlgorithmConfig, seed: int) -> nn.Module:
+    """``model`` in the structure ``algorithm`` trains and saves (ProgFed's progressive net with
+    its heads: its ``prepare_model``), else ``model`` itself."""
+    from fedcomm.algorithms import build_algorithm
+
+    prepare = build_algorithm(algorithm).prepare_model
+    return model if prepare is None else prepare(model, seed)
 
 
 def load_into(model: nn.Module, tensors: Mapping[str, Tensor], where: str) -> nn.Module:
@@ -124,18 +131,15 @@ def load_into(model: nn.Module, tensors: Mapping[str, Tensor], where: str) -> nn
         target = structure_for(model, tensors)
     except ValueError as err:
         raise ModelLoadError(f"{where}: {err}") from None
-    state = target.state_dict()
-    for name, t in tensors.items():
-        if name not in state:
-            raise ModelLoadError(
-                f"{where}: has tensor {name!r}, which the run's model lacks (pass the params "
-                "it was trained with)"
-            )
-        if tuple(t.shape) != tuple(state[name].shape):
-            raise ModelLoadError(
-                f"{where}: tensor {name!r} has shape {tuple(t.shape)}, the run's model "
-                f"{tuple(state[name].shape)} (check input_shape= / num_classes= / params=)"
-            )
+    problem = misfit(
+        tensors,
+        target.state_dict(),
+        "the run's model",
+        lacks=" (pass the params it was trained with)",
+        shape=" (check input_shape= / num_classes= / params=)",
+    )
+    if problem is not None:
+        raise ModelLoadError(f"{where}: {problem}")
     # tensors a run does not save keep the seeded initialisation, as in its evaluation
     target.load_state_dict(dict(tensors), strict=False)
     if isinstance(target, ProgressiveNet):  # the final stage: the plain architecture

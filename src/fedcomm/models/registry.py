@@ -18,7 +18,10 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
+
+from fedcomm.seeding import Stream, torch_generator
 
 ModelFactory = Callable[..., nn.Module]
 
@@ -86,6 +89,18 @@ def build_model(
     if not input_shape or min(input_shape) < 1:
         raise ValueError(f"model {name!r}: input_shape must be non-empty and positive")
     return factory(input_shape=input_shape, num_classes=num_classes, **options)
+
+
+def build_seeded_model(
+    name: str, seed: int, *, input_shape: tuple[int, ...], num_classes: int, **options: Any
+) -> nn.Module:
+    """:func:`build_model`, initialised as a run's model is: torch's global RNG is seeded from
+    the run's ``(seed, INIT)`` stream first (and left so; wrap the call in
+    ``torch.random.fork_rng`` to keep the caller's). The train stage's model, the evaluate
+    stage's and ``fedcomm.load_model``'s are this one."""
+    gen = torch_generator(seed, Stream.INIT)
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device)))
+    return build_model(name, input_shape=input_shape, num_classes=num_classes, **options)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -9,11 +9,11 @@ from typing import Any
 import polars as pl
 
 from fedcomm import atomic, run_files
-from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.core import split_members
 from fedcomm.comm import bits
 from fedcomm.config import Params
 from fedcomm.evaluation.headline import run_headline
+from fedcomm.evaluation.rebuild import trained_structure
 from fedcomm.evaluation.round_time import LinkModel
 from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.evaluation.traffic import upload_ratios
@@ -65,10 +65,8 @@ def evaluate_stage(params: Params, run: str, seed: int, paths: Paths = Paths()) 
         time_budgets_h=ev.time_budgets_h,
         last_k=ev.last_k,
     )
-    model = build_run_model(params, data, seed)
-    algorithm = build_algorithm(params.algorithm(run))
-    if algorithm.prepare_model is not None:  # e.g. ProgFed: the saved sub-model's structure
-        model = algorithm.prepare_model(model, seed)
+    # in the saved model's structure (e.g. ProgFed's progressive net)
+    model = trained_structure(build_run_model(params, data, seed), params.algorithm(run), seed)
     model_file = folder / "model.safetensors"
     members = split_members(trained.model)  # an ensemble (fedavg_mog) is evaluated as one
     run_files.check_fits(members, model, model_file, remedy)

@@ -21,8 +21,7 @@ from fedcomm.comm.codecs import Compressor, build_compressor
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets.registry import resolve_root
 from fedcomm.errors import Interrupted, interrupts_deferred, stopping
-from fedcomm.models import build_model
-from fedcomm.seeding import Stream, torch_generator
+from fedcomm.models import build_seeded_model
 from fedcomm.simulation import checkpoint as ckpt_mod
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import FederatedTensors
@@ -56,10 +55,9 @@ RUN_ID_FILE = "mlflow_run_id"  # beside a run's checkpoint: the MLflow run train
 
 def build_run_model(params: Params, data: FederatedTensors, seed: int) -> torch.nn.Module:
     """The model, initialised from the ``(seed, INIT)`` stream."""
-    gen = torch_generator(seed, Stream.INIT)
-    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device)))
-    return build_model(
+    return build_seeded_model(
         params.model.name,
+        seed,
         input_shape=data.input_shape,
         num_classes=data.num_classes,
         **model_options(params.model),
