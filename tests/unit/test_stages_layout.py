@@ -91,3 +91,12 @@ def test_the_order_check_fails_where_it_should() -> None:
         "fedcomm.sweep.trial imports fedcomm.stages.summarize"
     ]
     assert order_violations({f"{PACKAGE}.evaluate": {f"{PACKAGE}.train", f"{PACKAGE}.paths"}}) == []
+
+
+@pytest.mark.parametrize("name", list(dvc_stages()))
+def test_a_stage_that_logs_to_mlflow_lists_tracking_among_its_params(name: str) -> None:
+    """A stage reading ``params.tracking`` (the store, the experiment, on or off) reruns when it
+    changes: ``tracking`` is among its ``dvc.yaml`` params."""
+    source = (SRC / "fedcomm" / "stages" / f"{name}.py").read_text()
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][name]
+    assert ("params.tracking" in source) == ("tracking" in stage.get("params", [])), name
