@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from fedcomm.errors import stopping
 from fedcomm.tracking.mlflow import DVC_EXP_TAG, open_run
 from fedcomm.tracking.query import KIND_TAG
 
@@ -37,7 +38,8 @@ def log_summary_run(
     plots: Sequence[Path],
     metrics: Mapping[str, float],
 ) -> str:
-    """Log the experiment's summary run (module docstring); returns its run id.
+    """Log the experiment's summary run (module docstring); returns its run id. Ctrl-C while
+    logging marks the run ``KILLED`` (as a training run's), an error ``FAILED``; either goes on.
 
     Args:
         uri: the tracking URI (``tracking.uri``; None: the project's store).
@@ -70,6 +72,10 @@ def log_summary_run(
         for png in plots:
             tracker.log_artifact(png, "plots")
         tracker.log_metrics(metrics)
+    except KeyboardInterrupt:  # Ctrl-C: KILLED, as a training run's
+        stopping()
+        tracker.finish("KILLED")
+        raise
     except BaseException:
         tracker.finish("FAILED")
         raise
