@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fedcomm.sweep.study import journal_path, run_sweep
+from fedcomm.sweep.storage import journal_path
+from fedcomm.sweep.study import run_sweep
 from tests.conftest import tiny_params
 from tests.pipeline.servers import free_port
 
