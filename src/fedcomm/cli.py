@@ -54,6 +54,7 @@ import typer
 
 from fedcomm.config import ConfigError, Params, load_params
 from fedcomm.errors import InputError, InputWarning, Interrupted, stop_on_interrupt, stopping
+from fedcomm.evaluation.curve_points import LAST_K
 
 Verb = TypeVar("Verb", bound=Callable[..., Any])
 RERUN = {  # verb: what rerunning it does, after "rerun the same command"
@@ -294,7 +295,7 @@ def report(
         typer.Option(
             min=1, help="final accuracy = the mean of each run's last k evaluations (as last_k)"
         ),
-    ] = 5,
+    ] = LAST_K,
 ) -> None:
     """Compare MLflow runs per algorithm: mean ± SE over seeds, accuracy-vs-GiB overlays."""
     from fedcomm.reporting.compare import compare_runs

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from fedcomm.config.base import Strict
 from fedcomm.evaluation.caps import CapAxis
+from fedcomm.evaluation.curve_points import LAST_K
 
 
 class LinkConfig(Strict):
@@ -38,7 +39,7 @@ class EvaluateConfig(Strict):
     )
     link: LinkConfig = Field(default_factory=LinkConfig)
     last_k: int = Field(
-        5,
+        LAST_K,
         ge=1,
         description="final accuracy (and loss) = the mean of each run's last k evaluations: "
         "metrics.json, summary.md, fedcomm report and sweeps alike (the decision rule's last_k)",

@@ -10,6 +10,10 @@ from typing import Any
 
 import polars as pl
 
+# "final" = the mean of the last 5 evaluations, by default: evaluate.last_k, the claims rule's
+# last_k, `fedcomm compare --last-k` (:func:`final_value`)
+LAST_K = 5
+
 
 def json_float(value: Any) -> float | None:
     """A JSON-safe float: ``None`` for null and NaN."""

@@ -20,6 +20,7 @@ import polars as pl
 
 from fedcomm.comm.bits import GIB
 from fedcomm.evaluation.caps import CapAxis, best_within_upload_cap
+from fedcomm.evaluation.curve_points import LAST_K as LAST_K  # (re-exported: sweep/ uses it)
 from fedcomm.evaluation.curve_points import (
     best_value,
     best_within_budget,
@@ -33,7 +34,6 @@ from fedcomm.evaluation.sim_time import merge_sim_time, sim_time_summary
 from fedcomm.evaluation.traffic import bytes_from_rounds, cumulative_at_rounds, cumulative_bytes
 
 ACCURACY = "global/accuracy"
-LAST_K = 5  # "final" = the mean of the last 5 evaluations (evaluate.last_k; the rule's last_k)
 # averaged over the last k evaluations (evaluated metrics); the others are the last round's value
 FINAL_MEANS = (
     "global/accuracy",

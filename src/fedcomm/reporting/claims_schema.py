@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedcomm.errors import InputError, one_line
 from fedcomm.evaluation.caps import CapAxis
+from fedcomm.evaluation.curve_points import LAST_K
 from fedcomm.reporting.protocol import Protocol, check_arms
 from fedcomm.reporting.verdict import Sign
 
@@ -52,7 +53,7 @@ class _Strict(BaseModel):
 
 class Rule(_Strict):
     alpha: float = Field(0.05, gt=0.0, lt=0.5)
-    last_k: int = Field(5, ge=1)
+    last_k: int = Field(LAST_K, ge=1)
 
 
 class Source(_Strict):

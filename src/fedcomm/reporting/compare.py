@@ -27,8 +27,9 @@ import polars as pl
 
 from fedcomm import atomic
 from fedcomm.config import ConfigError
+from fedcomm.evaluation.curve_points import LAST_K
 from fedcomm.evaluation.round_time import DEFAULT_LINK, LinkModel
-from fedcomm.evaluation.summaries import LAST_K, summarize_run
+from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.reporting.plots import metric_axis
 from fedcomm.reporting.run_groups import select_runs
 from fedcomm.reporting.sections import budget_and_target_sections
