@@ -23,6 +23,12 @@ def json_float(value: Any) -> float | None:
     return None if math.isnan(out) else out
 
 
+def json_key(x: float) -> str:
+    """A compact JSON key for a budget or target: ``0.5`` -> ``"0.5"``, ``1.0`` -> ``"1"`` (the
+    keys of a summary's ``at_budget``, ``to_target``, ... and of ``gib_to_<t>``)."""
+    return f"{x:g}"
+
+
 def last_value(frame: pl.DataFrame, column: str) -> float | None:
     """The value of ``column`` in the last row (by round) where it is non-null and not NaN."""
     if column not in frame.columns:

@@ -21,7 +21,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedcomm.evaluation.curve_points import json_key
+
 HEADLINE_KEYS = ("final_acc", "final_local_acc", "up_gib", "down_gib", "save_x")
+
+
+def final_keys(metric: str) -> dict[str, str]:
+    """The headline numbers read off a summary's ``final`` section: ``{headline key: its key
+    there}`` (``final_acc`` is ``metric``'s, ``evaluate.metric``); a run's (:func:`run_headline`)
+    and the summarize stage's means over seeds (its MLflow summary run)."""
+    return {
+        "final_acc": metric,
+        "final_local_acc": "local/accuracy",
+        "up_gib": "comm/up_gib",
+        "down_gib": "comm/down_gib",
+    }
 
 
 def _get(summary: Mapping[str, Any], *path: str) -> Any:
@@ -43,14 +57,11 @@ def run_headline(
     """
     cost = _get(summary, "comm", "cost_vs_dense_e2e")
     out: dict[str, float | None] = {
-        "final_acc": _get(summary, "final", metric),
-        "final_local_acc": _get(summary, "final", "local/accuracy"),
-        "up_gib": _get(summary, "final", "comm/up_gib"),
-        "down_gib": _get(summary, "final", "comm/down_gib"),
-        "save_x": 1.0 / cost if isinstance(cost, int | float) and cost > 0 else None,
+        name: _get(summary, "final", key) for name, key in final_keys(metric).items()
     }
+    out["save_x"] = 1.0 / cost if isinstance(cost, int | float) and cost > 0 else None
     for t in targets:
-        out[f"gib_to_{t:g}"] = _get(summary, "to_target", f"{t:g}", "gib")
+        out[f"gib_to_{json_key(t)}"] = _get(summary, "to_target", json_key(t), "gib")
     hours = _get(summary, "sim", "elapsed_h")
     if hours is not None:
         out["sim_h"] = hours

@@ -25,6 +25,8 @@ from typing import Any
 
 import polars as pl
 
+from fedcomm.evaluation.curve_points import json_key
+
 SIM_ELAPSED = "time/sim_elapsed_s"
 SIM_ROUND = "time/sim_round_s"
 SYSTEM_COUNTS = (
@@ -127,11 +129,6 @@ def sim_run_stats(rounds: pl.DataFrame) -> dict[str, float | None]:
     return out
 
 
-def _key(x: float) -> str:
-    """A JSON key for a budget or target, as :mod:`.summaries` writes them (``1.0`` -> ``"1"``)."""
-    return f"{x:g}"
-
-
 def sim_time_summary(
     rounds: pl.DataFrame,
     *,
@@ -152,11 +149,11 @@ def sim_time_summary(
     out: dict[str, Any] = {"sim": sim_run_stats(rounds)}
     if time_budgets_h:
         out["at_time_budget"] = {
-            _key(h): best_within_time(rounds, target_metric, h) for h in time_budgets_h
+            json_key(h): best_within_time(rounds, target_metric, h) for h in time_budgets_h
         }
     if targets:
         out["to_target_sim_h"] = {
-            _key(t): sim_hours_to_target(rounds, target_metric, t) for t in targets
+            json_key(t): sim_hours_to_target(rounds, target_metric, t) for t in targets
         }
     return out
 

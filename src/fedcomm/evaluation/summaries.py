@@ -27,6 +27,7 @@ from fedcomm.evaluation.curve_points import (
     final_value,
     first_round_reaching,
     json_float,
+    json_key,
     last_value,
 )
 from fedcomm.evaluation.round_time import DEFAULT_LINK, LinkModel, round_seconds
@@ -43,11 +44,6 @@ FINAL_MEANS = (
     "topk/accuracy",
 )
 _FINAL_LAST = ("local/coverage", "model/sparsity")
-
-
-def _key(x: float) -> str:
-    """A compact JSON key for a budget or target: ``0.5`` -> ``"0.5"``, ``1.0`` -> ``"1"``."""
-    return f"{x:g}"
 
 
 def _to_target(table: pl.DataFrame, column: str, target: float) -> dict[str, float | int | None]:
@@ -195,12 +191,14 @@ def summarize_run(
     summary = {
         "final": _final(table, last_k),
         "best": _best(table),
-        "at_budget": {_key(b): best_within_budget(table, target_metric, b) for b in budgets_gib},
+        "at_budget": {
+            json_key(b): best_within_budget(table, target_metric, b) for b in budgets_gib
+        },
         "at_upload_cap": {
-            _key(c): best_within_upload_cap(table, target_metric, c, upload_cap_axis)
+            json_key(c): best_within_upload_cap(table, target_metric, c, upload_cap_axis)
             for c in upload_caps_gib
         },
-        "to_target": {_key(t): _to_target(table, target_metric, t) for t in targets},
+        "to_target": {json_key(t): _to_target(table, target_metric, t) for t in targets},
         "time": _time(rounds, clients),
     }
     sim = sim_time_summary(

@@ -29,6 +29,7 @@ import polars as pl
 
 from fedcomm import atomic
 from fedcomm.config import CURVE_COLUMNS, Params
+from fedcomm.evaluation.headline import final_keys
 from fedcomm.evaluation.seeds import aggregate_seeds
 from fedcomm.evaluation.sim_time import has_sim_time, merge_sim_time, sim_time_summary
 from fedcomm.reporting.curves import long_curves
@@ -121,7 +122,7 @@ def paired_comparisons(params: Params, rounds: dict[str, list[pl.DataFrame]]) ->
     return out
 
 
-HEADLINE = {
+OVER_SEEDS = {  # reports/summary.json: per run, these keys of each section (mean and _se)
     "final": (
         "global/accuracy",
         "topk/accuracy",
@@ -134,17 +135,17 @@ HEADLINE = {
     "best": ("global/accuracy", "global/accuracy_round", "local/accuracy"),
     "sim": ("elapsed_h", "round_s_mean", "dropped_share"),  # runs with a `system` section only
 }
-ALWAYS = ("final", "best")  # the other HEADLINE sections only when a run has them
+ALWAYS = ("final", "best")  # the other OVER_SEEDS sections only when a run has them
 
 
-def headline(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def over_seeds_summary(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """``{run: {"final": {"global/accuracy": mean, "global/accuracy_se": se, ...}, "best": ...}}``
     over seeds, in the metric vocabulary (``reports/summary.json``)."""
     out: dict[str, Any] = {}
     for run, runs in summaries.items():
         agg = aggregate_seeds(runs)
         node: dict[str, Any] = {"seeds": len(runs)}
-        for section, keys in HEADLINE.items():
+        for section, keys in OVER_SEEDS.items():
             part: dict[str, Any] = {}
             for key in keys:
                 leaf = agg.get(section, {}).get(key)
@@ -220,7 +221,7 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
         notes=[*divergence_notes(params, rounds), *sim_time_notes(params, rounds)],
         last_k=last_k,
     )
-    over_seeds = headline(summaries)
+    over_seeds = over_seeds_summary(summaries)
     if comparisons:
         over_seeds["paired"] = [row.as_dict(last_k) for row in comparisons]
     atomic.write_json(paths.reports / "summary.json", over_seeds)
@@ -251,17 +252,12 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
 
 def summary_metrics(over_seeds: dict[str, Any], metric: str) -> dict[str, float]:
     """``<run>/final_acc`` (of ``metric``), ``<run>/final_local_acc``, ``<run>/up_gib`` and
-    ``<run>/down_gib``: the means over seeds of :func:`headline`, for the summary run."""
-    keys = {
-        "final_acc": metric,
-        "final_local_acc": "local/accuracy",
-        "up_gib": "comm/up_gib",
-        "down_gib": "comm/down_gib",
-    }
+    ``<run>/down_gib`` (:func:`~fedcomm.evaluation.headline.final_keys`): the means over seeds of
+    :func:`over_seeds_summary`, for the summary run."""
     out = {}
     for run, node in over_seeds.items():
         final = node.get("final", {}) if isinstance(node, dict) else {}
-        for name, key in keys.items():
+        for name, key in final_keys(metric).items():
             if isinstance(final.get(key), int | float):
                 out[f"{run}/{name}"] = float(final[key])
     return out

@@ -289,3 +289,37 @@ def test_aggregate_single_seed_has_zero_se() -> None:
     out = aggregate_seeds([_summary()])
     assert out["best"]["global/accuracy"] == {"mean": 0.8, "se": 0.0, "n": 1}
     json.dumps(out, allow_nan=False)
+
+
+def test_a_runs_headline_and_the_summary_runs_metrics_read_the_same_keys() -> None:
+    """``metrics.json`` (one run) and the summarize stage's MLflow metrics (means over seeds)
+    take their final numbers from the same keys of a summary's ``final`` section."""
+    from fedcomm.evaluation.headline import run_headline
+    from fedcomm.stages.summarize import summary_metrics
+
+    final = {
+        "global/accuracy": 0.5,
+        "topk/accuracy": 0.75,
+        "local/accuracy": 0.25,
+        "comm/up_gib": 1.0,
+        "comm/down_gib": 2.0,
+    }
+    summary = {
+        "final": final,
+        "comm": {"cost_vs_dense_e2e": 0.5},
+        "to_target": {"0.5": {"gib": 3.0}},
+    }
+    assert run_headline(summary, metric="topk/accuracy", targets=[0.5]) == {
+        "final_acc": 0.75,
+        "final_local_acc": 0.25,
+        "up_gib": 1.0,
+        "down_gib": 2.0,
+        "save_x": 2.0,
+        "gib_to_0.5": 3.0,
+    }
+    assert summary_metrics({"a": {"seeds": 2, "final": final}}, "topk/accuracy") == {
+        "a/final_acc": 0.75,
+        "a/final_local_acc": 0.25,
+        "a/up_gib": 1.0,
+        "a/down_gib": 2.0,
+    }
