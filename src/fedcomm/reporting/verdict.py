@@ -127,7 +127,8 @@ def final_per_seed(
 
     Args:
         curves: columns ``run``, ``seed``, ``round`` and ``metric`` (one row per round; rows
-            where ``metric`` is null are rounds without that evaluation).
+            where ``metric`` is null or NaN are rounds without that evaluation, as for
+            :func:`~fedcomm.evaluation.curve_points.final_value`).
         run: the run label (column ``run``).
         metric: the metric column.
         last_k: how many of the last evaluations to average.
@@ -139,7 +140,8 @@ def final_per_seed(
     """
     if last_k < 1:
         raise ValueError(f"last_k must be >= 1 (got {last_k})")
-    rows = curves.filter((pl.col("run") == run) & pl.col(metric).is_not_null())
+    value = pl.col(metric).cast(pl.Float64).fill_nan(None)  # NaN: not evaluated, as null
+    rows = curves.filter((pl.col("run") == run) & value.is_not_null())
     if seeds is not None:
         rows = rows.filter(pl.col("seed").is_in(seeds))
     if at_round is not None:

@@ -70,6 +70,18 @@ def test_final_is_the_mean_of_the_last_k_evaluations_skipping_nulls() -> None:
     )
 
 
+def test_final_skips_nan_as_it_skips_nulls() -> None:
+    """An unevaluated round may be NaN (a CSV's "NaN") rather than null: skipped alike, as
+    :func:`~fedcomm.evaluation.curve_points.final_value` skips it."""
+    from fedcomm.evaluation.curve_points import final_value
+
+    nan = CURVE.with_columns(pl.col("global_accuracy").fill_null(float("nan")))
+    f = final_per_seed(nan, "x", "global_accuracy", last_k=2)
+    assert f.values == pytest.approx({0: 0.4, 1: 0.2}) and (f.k, f.fewest) == (2, 1)
+    seed0 = nan.filter((pl.col("run") == "x") & (pl.col("seed") == 0))
+    assert final_value(seed0, "global_accuracy", 2) == pytest.approx(f.values[0])
+
+
 def test_final_at_or_before_a_round_and_for_chosen_seeds() -> None:
     f = final_per_seed(CURVE, "x", "global_accuracy", last_k=2, at_round=20, seeds=[0])
     assert f.values == pytest.approx({0: 0.2})  # rounds 10 and 20
