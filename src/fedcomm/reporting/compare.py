@@ -34,9 +34,8 @@ from fedcomm.reporting.plots import metric_axis
 from fedcomm.reporting.run_groups import select_runs
 from fedcomm.reporting.sections import budget_and_target_sections
 from fedcomm.reporting.summary import write_report
-from fedcomm.tracking.mlflow import resolve_tracking_uri
+from fedcomm.tracking.mlflow import DVC_EXP_TAG, resolve_tracking_uri
 from fedcomm.tracking.query import (
-    DVC_EXP_TAG,
     TABLES,
     RunRecord,
     download_tables,

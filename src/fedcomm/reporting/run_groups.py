@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from fedcomm.config import ConfigError
-from fedcomm.tracking.query import DVC_EXP_TAG, SEED_PARAM, RunRecord
+from fedcomm.tracking.mlflow import DVC_EXP_TAG
+from fedcomm.tracking.query import SEED_PARAM, RunRecord
 
 SWEEP_TAGS = ("fedcomm.study", "optuna.trial_number")  # on a sweep trial's training runs
 MAX_SHOWN_DIFFS = 4  # differing params named in a split group's label

@@ -318,7 +318,7 @@ def _open_tracker(
         "git_sha": git_sha(),
         "git_dirty": git_dirty(),
         "server_optimizer": algo.server.optimizer,
-        "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+        tracking.DVC_EXP_TAG: tracking.dvc_exp_name(),
         "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "partition_hash": phash,
         "algorithm": algo.name,

@@ -69,6 +69,12 @@ _INFERRED_KINDS = frozenset(
 )
 
 
+def dvc_exp_name() -> str:
+    """The DVC experiment this process runs in (``$DVC_EXP_NAME``, "" outside one): the value
+    of a run's :data:`DVC_EXP_TAG`."""
+    return os.environ.get("DVC_EXP_NAME", "")
+
+
 def resolve_tracking_uri(uri: str | None, root: Path | None = None) -> str:
     """``uri`` if set (a relative sqlite path is made absolute against the project root), else
     ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``. A SQLite URI without a

@@ -21,11 +21,10 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
 from fedcomm.config import ConfigError
-from fedcomm.tracking.mlflow import open_client
+from fedcomm.tracking.mlflow import DVC_EXP_TAG, open_client
 
 TABLES = ("rounds.parquet", "ledger.parquet", "clients.parquet")
 KIND_TAG = "fedcomm.kind"  # "study" / "trial" on sweep runs; absent or "train" on training runs
-DVC_EXP_TAG = "dvc.exp_name"
 SEED_PARAM = "seed"  # the one param that varies between the runs of one configuration
 _PAGE = 1000  # runs per search page (MLflow's default page size)
 _PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"

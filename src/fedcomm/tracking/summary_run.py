@@ -16,12 +16,11 @@ where it works offline.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fedcomm.errors import stopping
-from fedcomm.tracking.mlflow import DVC_EXP_TAG, open_run
+from fedcomm.tracking.mlflow import DVC_EXP_TAG, dvc_exp_name, open_run
 from fedcomm.tracking.query import KIND_TAG
 
 KIND = "summary"  # its KIND_TAG
@@ -59,7 +58,7 @@ def log_summary_run(
     )
     tags = {
         KIND_TAG: KIND,
-        DVC_EXP_TAG: os.environ.get("DVC_EXP_NAME", ""),
+        DVC_EXP_TAG: dvc_exp_name(),
         NOTE_TAG: note,
     }
     tracker = open_run(

@@ -48,6 +48,11 @@ def test_an_interrupted_or_failed_summary_run_is_marked_so(
     assert _statuses(store) == [status]
 
 
-def test_a_summary_run_finishes(store: Path) -> None:
+def test_a_summary_run_finishes_tagged_with_its_dvc_experiment(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
     run_id = _log(store)
-    assert _statuses(store) == ["FINISHED"] and len(run_id) == 32
+    assert _statuses(store) == ["FINISHED"]
+    run = MlflowClient(f"sqlite:///{store / 'mlflow.db'}").get_run(run_id)
+    assert run.data.tags[tracking.DVC_EXP_TAG] == "exp-1" == tracking.dvc_exp_name()
