@@ -89,21 +89,30 @@ document.querySelectorAll("script.vega-spec").forEach(function (node) {
 GLOBALS = "window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;"
 
 
+def vegalite_version() -> str:
+    """The Vega-Lite version the bundle carries: the installed Altair's (``"6.4.1"``) when
+    vl-convert has its minor version, else vl-convert's newest (``"6.4"``: vl-convert names
+    minor versions only)."""
+    wanted = alt.SCHEMA_VERSION.lstrip("v")  # "v6.4.1" -> "6.4.1"
+    known = vl_convert.get_vegalite_versions()
+    if ".".join(wanted.split(".")[:2]) in known:
+        return wanted
+    return max(known, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
 @cache
 def vega_javascript() -> str:
-    """Vega, Vega-Lite (at the installed Altair's version, or vl-convert's newest if it lacks
-    that one) and vega-embed as one JavaScript bundle that defines ``vegaEmbed``, ``vega`` and
-    ``vegaLite`` globally (vl-convert's ``javascript_bundle``, about 0.9 MB; no network at build
-    or view time)."""
-    wanted = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])  # "v6.4.1" -> "6.4"
-    known = vl_convert.get_vegalite_versions()
-    return vl_convert.javascript_bundle(GLOBALS, vl_version=wanted if wanted in known else None)
+    """Vega, Vega-Lite (:func:`vegalite_version`) and vega-embed as one JavaScript bundle that
+    defines ``vegaEmbed``, ``vega`` and ``vegaLite`` globally (vl-convert's
+    ``javascript_bundle``, about 0.9 MB; no network at build or view time)."""
+    minor = ".".join(vegalite_version().split(".")[:2])
+    return vl_convert.javascript_bundle(GLOBALS, vl_version=minor)
 
 
 def versions() -> str:
     """The bundled libraries' versions, for a page's footer."""
     return (
-        f"Vega {vl_convert.get_vega_version()}, Vega-Lite {alt.SCHEMA_VERSION.lstrip('v')}, "
+        f"Vega {vl_convert.get_vega_version()}, Vega-Lite {vegalite_version()}, "
         f"vega-embed {vl_convert.get_vega_embed_version()}"
     )
 

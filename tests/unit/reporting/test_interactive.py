@@ -14,6 +14,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 import pytest
+import vl_convert
 from dvc_render.html import HTML
 
 from fedcomm.reporting.interactive import (
@@ -21,6 +22,8 @@ from fedcomm.reporting.interactive import (
     experiment_page,
     seed_bands,
     vega_javascript,
+    vegalite_version,
+    versions,
     write_pages,
 )
 from fedcomm.reporting.plots import _PALETTE
@@ -201,3 +204,17 @@ def test_no_evaluations_is_a_page_that_says_so() -> None:
 
 def test_the_bundle_is_the_vega_lite_altair_writes_for() -> None:
     assert alt.SCHEMA_VERSION.lstrip("v") in vega_javascript()  # "6.4.1": specs match the code
+    assert vegalite_version() == alt.SCHEMA_VERSION.lstrip("v")
+    assert f"Vega-Lite {vegalite_version()}," in versions()
+
+
+def test_the_footer_names_the_vega_lite_bundled_when_altairs_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An Altair newer than vl-convert: the bundle is vl-convert's newest Vega-Lite, and the
+    footer says so (not Altair's version, which the page does not carry)."""
+    monkeypatch.setattr(alt, "SCHEMA_VERSION", "v99.1.0")
+    known = vl_convert.get_vegalite_versions()
+    newest = max(known, key=lambda v: tuple(int(p) for p in v.split(".")))
+    assert vegalite_version() == newest
+    assert f"Vega-Lite {newest}," in versions() and "99.1" not in versions()
