@@ -144,7 +144,7 @@ def test_reports_page_draws_every_chart_offline(
 
 def test_a_broken_page_says_so(browser: str, tmp_path: Path) -> None:  # noqa: F811
     """The notice the pages show when a view cannot render (not a blank page)."""
-    from fedcomm.reporting.interactive import dvc_plots_template
+    from fedcomm.reporting.vega_page import dvc_plots_template
 
     page = tmp_path / "broken.html"
     div = '<div id="p"><script>vegaEmbed("#p", {"mark": "nonsense"});</script></div>'

@@ -1,10 +1,5 @@
 """Interactive HTML pages of an experiment's curves that need no network (issue 42).
 
-Both pages carry Vega, Vega-Lite and vega-embed inline: the bundle comes from the installed
-``vl-convert-python`` package (:func:`vega_javascript`, at the Vega-Lite version of the installed
-Altair), never from a CDN, so they render offline (a cluster node, a laptop on a train) and a
-plot that fails says so on the page instead of staying blank.
-
 - :func:`experiment_page`: an experiment's curves (the summarize stage's ``reports/curves``
   table) as one self-contained page: the evaluation metric against cumulative GiB, against the
   round and, for runs with simulated time (a ``system`` section), against simulated hours; local
@@ -13,29 +8,37 @@ plot that fails says so on the page instead of staying blank.
   (:func:`~fedcomm.reporting.plots.seed_curve`: the seeds are aligned on the round, the point
   sits at the seeds' mean x; :func:`~fedcomm.reporting.plots.sim_time_curve` on the simulated
   clock), and thin lines are the single seeds at their own x.
-- :func:`dvc_plots_template`: the page template for ``dvc plots show`` (DVC's
-  ``plots.html_template``), the same scripts around DVC's ``{plot_divs}``.
+- :func:`write_pages`: that page and ``dvc plots show``'s template
+  (:func:`~fedcomm.reporting.vega_page.dvc_plots_template`) into ``reports/``.
+
+Both carry Vega, Vega-Lite and vega-embed inline (:mod:`fedcomm.reporting.vega_page`, the pages'
+shell), so they render offline.
 """
 
 from __future__ import annotations
 
 import html
-import json
-import re
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
 import altair as alt
 import polars as pl
-import vl_convert
 
 from fedcomm import atomic
 from fedcomm.config import CURVE_COLUMNS
 from fedcomm.evaluation.sim_time import HOUR_S, SIM_ELAPSED
 from fedcomm.reporting.curves import curve_name
-from fedcomm.reporting.plots import Curve, algorithm_styles, metric_axis, seed_curve, sim_time_curve
+from fedcomm.reporting.plots import (
+    SIM_HOURS,
+    Curve,
+    algorithm_styles,
+    metric_axis,
+    seed_curve,
+    sim_time_curve,
+    wide_span,
+)
+from fedcomm.reporting.vega_page import chart, dvc_plots_template, head, loader, versions
 
 SIM_COLUMN = CURVE_COLUMNS[SIM_ELAPSED]  # the curves table's simulated seconds
 GIB_TITLE = "cumulative communication, up + down (GiB)"
@@ -52,129 +55,6 @@ SIM_METHOD = (
     " Against simulated time the seeds are aligned on the simulated clock (at each time, each "
     "seed's latest evaluation, as a step)."
 )
-# Turns a script error or a failed vega-embed (a rejected promise) into a visible notice: a
-# page whose plots cannot render must say so, not stay blank (issue 42).
-_ERROR_NOTICE = """
-(function () {
-  function notice(message) {
-    var box = document.createElement("pre");
-    box.dataset.renderError = "1";
-    box.style.cssText = "color:#b00020;border:1px solid #b00020;padding:8px;white-space:pre-wrap";
-    box.textContent = "A plot failed to render: " + message;
-    (document.body || document.documentElement).prepend(box);
-  }
-  window.addEventListener("error", function (e) { notice(e.message); });
-  window.addEventListener("unhandledrejection", function (e) {
-    notice(e.reason && e.reason.message ? e.reason.message : String(e.reason));
-  });
-  window.addEventListener("DOMContentLoaded", function () {
-    if (typeof window.vegaEmbed !== "function") notice("vega-embed did not load");
-  });
-})();
-"""
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
-h1 { font-size: 1.5em; margin-bottom: 0.2em; }
-p.note { max-width: 75em; color: #444; line-height: 1.4; }
-.charts { display: flex; flex-wrap: wrap; gap: 28px; }
-footer { margin-top: 2em; color: #777; font-size: 0.85em; }
-"""
-_LOADER = """
-document.querySelectorAll("script.vega-spec").forEach(function (node) {
-  vegaEmbed("#" + node.dataset.target, JSON.parse(node.textContent), {actions: false});
-});
-"""
-
-
-GLOBALS = "window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;"
-
-
-def vegalite_version() -> str:
-    """The Vega-Lite version the bundle carries: the installed Altair's (``"6.4.1"``) when
-    vl-convert has its minor version, else vl-convert's newest (``"6.4"``: vl-convert names
-    minor versions only)."""
-    wanted = alt.SCHEMA_VERSION.lstrip("v")  # "v6.4.1" -> "6.4.1"
-    known = vl_convert.get_vegalite_versions()
-    if ".".join(wanted.split(".")[:2]) in known:
-        return wanted
-    return max(known, key=lambda v: tuple(int(p) for p in v.split(".")))
-
-
-@cache
-def vega_javascript() -> str:
-    """Vega, Vega-Lite (:func:`vegalite_version`) and vega-embed as one JavaScript bundle that
-    defines ``vegaEmbed``, ``vega`` and ``vegaLite`` globally (vl-convert's
-    ``javascript_bundle``, about 0.9 MB; no network at build or view time)."""
-    minor = ".".join(vegalite_version().split(".")[:2])
-    return vl_convert.javascript_bundle(GLOBALS, vl_version=minor)
-
-
-def versions() -> str:
-    """The bundled libraries' versions, for a page's footer."""
-    return (
-        f"Vega {vl_convert.get_vega_version()}, Vega-Lite {vegalite_version()}, "
-        f"vega-embed {vl_convert.get_vega_embed_version()}"
-    )
-
-
-def _script(code: str, **attrs: str) -> str:
-    """``code`` as an inline ``<script>`` element (a ``</script`` inside it, which would end the
-    element early, escaped as ``<\\/script``: the same text in a JS string or regex)."""
-    extra = "".join(
-        f' {k.rstrip("_").replace("_", "-")}="{html.escape(v)}"' for k, v in attrs.items()
-    )
-    safe = re.sub("</(?=script)", r"<\\/", code, flags=re.IGNORECASE)
-    return f"<script{extra}>\n{safe}\n</script>"
-
-
-def _json(value: Any) -> str:
-    """``value`` as JSON safe inside a ``<script>`` element (every ``<`` as ``\\u003c``)."""
-    return json.dumps(value).replace("<", "\\u003c")
-
-
-def _head(title: str) -> str:
-    return "\n".join(
-        [
-            '<meta charset="utf-8">',
-            f"<title>{html.escape(title)}</title>",
-            f"<style>{_STYLE}</style>",
-            _script(_ERROR_NOTICE, type="text/javascript"),
-            _script(vega_javascript(), type="text/javascript"),
-        ]
-    )
-
-
-def dvc_plots_template(title: str) -> str:
-    """The HTML template for ``dvc plots show`` (DVC's ``plots.html_template``): the page title
-    names the experiment and Vega comes inline (:func:`vega_javascript`).
-
-    It has DVC's ``{plot_divs}`` and ``{refresh_tag}`` placeholders but not its scripts one: DVC
-    fills that with ``<script src=...>`` tags for a CDN's (older) Vega, which would block the
-    page offline and replace the inline libraries online. Only Vega plots and images need no
-    scripts of their own (plotly plots would; this project declares none)."""
-    heading = f"{title}: dvc plots"
-    return "\n".join(
-        [
-            "<!DOCTYPE html>",
-            "<html>",
-            "<head>",
-            "{refresh_tag}",
-            _head(heading),
-            "<style>table { border-spacing: 15px; } .plots img { max-width: 620px; }</style>",
-            "</head>",
-            "<body>",
-            f"<h1>{html.escape(heading)}</h1>",
-            '<p class="note">Every seed of every run as DVC reads <code>reports/curves.csv</code>'
-            " (one colour per run; hover for values, click a legend entry to pick a run). The "
-            "mean ± standard-error view is <code>reports/interactive.html</code>.</p>",
-            '<div class="charts plots">',  # side by side, PNG plots at a readable size
-            "{plot_divs}",
-            "</div>",
-            f"<footer>{versions()}, inline: the page needs no network.</footer>",
-            "</body>",
-            "</html>",
-        ]
-    )
 
 
 def _per_seed(curves: pl.DataFrame, run: str, columns: Sequence[str]) -> list[pl.DataFrame]:
@@ -204,7 +84,7 @@ def seed_bands(curves: pl.DataFrame, metric: str, x: str) -> pl.DataFrame:
     frames = []
     for run in sorted(set(curves["run"].to_list())):
         curve: Curve
-        if x == "sim_hours":
+        if x == SIM_HOURS:
             tables = _per_seed(curves, run, [SIM_COLUMN, metric])
             curve = sim_time_curve([t.rename({SIM_COLUMN: SIM_ELAPSED}) for t in tables], metric)
         else:
@@ -233,7 +113,7 @@ def _chart_rows(curves: pl.DataFrame, metric: str, x: str, scale: float) -> list
         ((pl.col("mean") - pl.col("se")) * scale).alias("lo"),
         ((pl.col("mean") + pl.col("se")) * scale).alias("hi"),
     )
-    own_x = pl.col(SIM_COLUMN) / HOUR_S if x == "sim_hours" else pl.col(x)
+    own_x = pl.col(SIM_COLUMN) / HOUR_S if x == SIM_HOURS else pl.col(x)
     seeds = (
         curves.select("run", "seed", own_x.cast(pl.Float64).alias("x"), pl.col(metric) * scale)
         .with_columns(pl.col(metric).cast(pl.Float64).fill_nan(None).alias("y"))
@@ -363,7 +243,7 @@ def experiment_page(
     ]
     if sim:
         hours = "simulated time (h)"
-        panels.append(("sim_hours", column, axis, scale, f"{name} against {hours[:-4]}", hours, ""))
+        panels.append((SIM_HOURS, column, axis, scale, f"{name} against {hours[:-4]}", hours, ""))
     if column != "local_accuracy":
         title_local = "Local accuracy against communication"
         panels.append(("cum_gib", "local_accuracy", local, 100.0, title_local, GIB_TITLE, ".3~g"))
@@ -372,7 +252,7 @@ def experiment_page(
         if not _has_values(curves, y):
             continue
         rows = _chart_rows(curves, y, x, y_scale)
-        xs = [r["x"] for r in rows if r["kind"] == "mean" and r["x"] > 0]  # as the PNG plots
+        xs = [r["x"] for r in rows if r["kind"] == "mean"]
         spec = _chart(
             rows,
             title=chart_title,
@@ -381,14 +261,10 @@ def experiment_page(
             y_title=y_title,
             x_format=x_format,
             colours=colours,
-            log_x=x != "round" and bool(xs) and max(xs) / min(xs) > 100.0,  # over two decades
-            steps=x == "sim_hours",
+            log_x=x != "round" and wide_span(xs),  # as the PNG plots
+            steps=x == SIM_HOURS,
         )
-        target = f"chart-{len(charts)}"
-        charts.append(
-            f'<div class="chart" id="{target}"></div>\n'
-            + _script(_json(spec), type="application/json", class_="vega-spec", data_target=target)
-        )
+        charts.append(chart(spec, f"chart-{len(charts)}"))
     method = METHOD.format(sim=SIM_METHOD if sim else "")
     over = "rounds, communication and simulated time" if sim else "rounds and communication"
     return "\n".join(
@@ -396,7 +272,7 @@ def experiment_page(
             "<!DOCTYPE html>",
             '<html lang="en">',
             "<head>",
-            _head(f"{title}: curves"),
+            head(f"{title}: curves"),
             "</head>",
             "<body>",
             f"<h1>{html.escape(title)}</h1>",
@@ -404,7 +280,7 @@ def experiment_page(
             '<div class="charts">',
             *(charts or ['<p class="note">No evaluated rounds to plot.</p>']),
             "</div>",
-            _script(_LOADER, type="text/javascript"),
+            loader(),
             f"<footer>{versions()}, inline: this page needs no network.</footer>",
             "</body>",
             "</html>",

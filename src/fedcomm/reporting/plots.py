@@ -174,7 +174,7 @@ def _draw_curve(
         )
 
 
-def _wide_span(xs: Sequence[float]) -> bool:
+def wide_span(xs: Sequence[float]) -> bool:
     """True when the positive values of ``xs`` span more than two decades."""
     positive = [v for v in xs if v > 0]
     return bool(positive) and max(positive) / min(positive) > 100.0
@@ -217,7 +217,7 @@ def _panel(
             all_x.extend(curve.x)
     if not all_x:
         ax.text(0.5, 0.5, f"no {metric} measured", ha="center", va="center", transform=ax.transAxes)
-    elif x in (GIB_COLUMN, SIM_HOURS) and _wide_span(all_x):
+    elif x in (GIB_COLUMN, SIM_HOURS) and wide_span(all_x):
         ax.set_xscale("log")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(True, which="major", alpha=0.35)

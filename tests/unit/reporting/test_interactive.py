@@ -17,16 +17,14 @@ import pytest
 import vl_convert
 from dvc_render.html import HTML
 
-from fedcomm.reporting.interactive import (
+from fedcomm.reporting.interactive import experiment_page, seed_bands, write_pages
+from fedcomm.reporting.plots import _PALETTE
+from fedcomm.reporting.vega_page import (
     dvc_plots_template,
-    experiment_page,
-    seed_bands,
     vega_javascript,
     vegalite_version,
     versions,
-    write_pages,
 )
-from fedcomm.reporting.plots import _PALETTE
 from tests.conftest import REPO
 
 # run "a": three seeds, evaluated at rounds 1 and 2; seed 2 also at round 3 (left out: not every
