@@ -63,9 +63,11 @@ def _to_target(table: pl.DataFrame, column: str, target: float) -> dict[str, flo
 def _final(table: pl.DataFrame, last_k: int) -> dict[str, float | None]:
     """Accuracies and loss: the mean of their last ``last_k`` evaluations; coverage and sparsity:
     the last measured value; plus total communication (GiB) from the ledger."""
-    out = {m: final_value(table, m, last_k) for m in FINAL_MEANS if m != "topk/accuracy"}
-    if "topk/accuracy" in table.columns:
-        out["topk/accuracy"] = final_value(table, "topk/accuracy", last_k)
+    out = {
+        m: final_value(table, m, last_k)
+        for m in FINAL_MEANS
+        if m != "topk/accuracy" or m in table.columns  # top-k only where measured
+    }
     out |= {m: last_value(table, m) for m in _FINAL_LAST}
     up = float(table["cum_up_bytes"][-1]) if table.height else 0.0
     down = float(table["cum_down_bytes"][-1]) if table.height else 0.0

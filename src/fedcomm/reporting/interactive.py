@@ -226,7 +226,7 @@ def experiment_page(
     axis = axis[:1].lower() + axis[1:]  # an axis title: "global accuracy (%)"
     name = axis.removesuffix(" (%)")
     name = name[:1].upper() + name[1:]  # a chart title's: "Global accuracy", "Top-3 accuracy"
-    runs = sorted(set(curves["run"].to_list())) if "run" in curves.columns else []
+    runs = sorted(set(curves["run"].to_list()))
     colours = {run: colour for run, (colour, _) in algorithm_styles(runs).items()}
     counts = curves.group_by("run").agg(pl.col("seed").n_unique()).sort("run").rows()
     seeds = {n: f"{n} seed{'s' if n > 1 else ''}" for _, n in counts}

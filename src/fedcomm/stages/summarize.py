@@ -33,7 +33,7 @@ from fedcomm.evaluation.headline import final_keys
 from fedcomm.evaluation.seeds import aggregate_seeds
 from fedcomm.evaluation.sim_time import has_sim_time, merge_sim_time, sim_time_summary
 from fedcomm.reporting.curves import long_curves
-from fedcomm.reporting.interactive import write_pages
+from fedcomm.reporting.interactive import PAGE, write_pages
 from fedcomm.reporting.sections import (  # noqa: F401  (re-exported: part of this stage's API)
     PairedRow,
     best_within_table,
@@ -242,7 +242,7 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
             uri=params.tracking.uri,
             experiment=params.tracking.experiment,
             title=params.summarize.title,
-            page=paths.reports / "interactive.html",
+            page=paths.reports / PAGE,
             files=[paths.reports / n for n in ("summary.md", "summary.json", "curves.csv")],
             plots=[p for p in written if p.suffix == ".png"],
             metrics=summary_metrics(over_seeds, params.evaluate.metric),
