@@ -11,6 +11,7 @@ are summarised per round and cumulatively in bytes and GiB.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -35,14 +36,23 @@ SCHEMA: dict[str, pl.DataType] = {
     "status": pl.String(),
     "encoded_bits": pl.Int64(),
 }
-Row = tuple[int, int, str, int, int, int, int, str, int]
+Row = tuple[int, int, str, int, int, int, int, str, int]  # SCHEMA's columns, in order
 
 
 @dataclass
 class Ledger:
-    """Append-only message log. Rows are plain tuples until :meth:`frame` is asked for."""
+    """Append-only message log. Rows are plain tuples (in :data:`SCHEMA`'s order) until
+    :meth:`frame` is asked for; the bits that went over the link are kept as totals by
+    direction and status, so :meth:`bits` (and :meth:`up_bits`, :meth:`down_bits`) answer at
+    once."""
 
     rows: list[Row] = field(default_factory=list)
+    _link: Counter[tuple[str, str]] = field(init=False, repr=False)  # (direction, status) -> bits
+
+    def __post_init__(self) -> None:
+        self._link = Counter()
+        for row in self.rows:
+            self._count(row)
 
     def record(
         self,
@@ -62,10 +72,24 @@ class Ledger:
             bits_ = (0, 0, 0)
         elif status == "partial":
             bits_ = (min(sent_bits, n.total), 0, 0)
-        self.rows.append(
-            (round_, client_id, direction, *bits_, payload.dense_bits(), status, n.total)
+        row: Row = (round_, client_id, direction, *bits_, payload.dense_bits(), status, n.total)
+        self.rows.append(row)
+        return self._count(row)
+
+    def bits(self, direction: Direction | None = None, status: Status | None = None) -> int:
+        """The bits that went over the link (payload + index + meta) in ``direction`` with
+        ``status`` (None: any)."""
+        return sum(
+            n for (d, s), n in self._link.items() if direction in (None, d) and status in (None, s)
         )
-        return sum(bits_)
+
+    def up_bits(self) -> int:
+        """The uplink's bits so far (a cut uplink counts what it had sent)."""
+        return self.bits("up")
+
+    def down_bits(self) -> int:
+        """The downlink's bits so far."""
+        return self.bits("down")
 
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(self.rows, schema=SCHEMA, orient="row")
@@ -73,9 +97,11 @@ class Ledger:
     def write(self, path: Path) -> None:
         atomic.write_parquet(path, self.frame())
 
-    def truncate(self, last_round: int) -> None:
-        """Drop rows after ``last_round`` (used when resuming from a checkpoint)."""
-        self.rows = [r for r in self.rows if r[0] <= last_round]
+    def _count(self, row: Row) -> int:
+        _round, _client, direction, payload, index, meta, _dense, status, _encoded = row
+        link = payload + index + meta
+        self._link[(direction, status)] += link
+        return link
 
 
 def per_round(ledger: pl.DataFrame) -> pl.DataFrame:

@@ -16,25 +16,27 @@ Per round ``r`` (1-based):
    (``eval_every``), each distinct test example once (:mod:`fedcomm.simulation.global_eval`);
    log one batch of metrics; checkpoint when due.
 
-Step 3 runs on the configured backend (:mod:`fedcomm.simulation.backends`): ``sequential``
-reuses one model object for every client (parameters passed explicitly, never deep-copied into
-per-client modules); ``vectorized`` trains the cohort as one batched computation. Both hand back
-the clients in cohort order, so the rest of the round is the same code. Beside this file:
-``start.py`` (round 0 of a fresh run), ``timed.py`` (step 3 under a ``system`` section: the
-clients timed and the round settled), ``local_eval.py`` (the client store, local accuracy),
-``divergence.py``, ``round_metrics.py`` (comm, loss and density), ``global_eval.py``.
+Steps 2-3 are a :class:`~fedcomm.simulation.rounds.Round`'s: the loop (or, under a ``system``
+section, :func:`fedcomm.simulation.timed.play_round`) asks it to train, record, encode and take
+each client; steps 4-5 read what it gathered. Step 3 runs on the configured backend
+(:mod:`fedcomm.simulation.backends`): ``sequential`` reuses one model object for every client
+(parameters passed explicitly, never deep-copied into per-client modules); ``vectorized`` trains
+the cohort as one batched computation. Both hand back the clients in cohort order, so the rest
+of the round is the same code. Beside this file: ``start.py`` (round 0 of a fresh run),
+``rounds.py`` (the round), ``timed.py`` (the clients timed and the round settled under a
+``system`` section), ``local_eval.py`` (the client store, local accuracy), ``divergence.py``,
+``round_metrics.py`` (comm, loss and density), ``global_eval.py``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -42,25 +44,23 @@ from torch import nn
 
 from fedcomm.algorithms.core import FedAlgorithm, RoundContext, Uplink, split_members
 from fedcomm.algorithms.core.local import LocalConfig
-from fedcomm.comm import bits
 from fedcomm.comm.codecs import Compressor
 from fedcomm.comm.ledger import Ledger
-from fedcomm.comm.payload import Payload
 from fedcomm.errors import Interrupted, interrupts_deferred, stopping
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
 from fedcomm.simulation import checkpoint, device, local_eval, timed
-from fedcomm.simulation.backends import Backend, RoundInputs, Turn
+from fedcomm.simulation.backends import Backend
 from fedcomm.simulation.data import FederatedTensors
-from fedcomm.simulation.divergence import DivergenceError, diverged
+from fedcomm.simulation.divergence import DivergenceError
 from fedcomm.simulation.global_eval import evaluate_global
-from fedcomm.simulation.local_eval import ClientRecord
 from fedcomm.simulation.round_metrics import (
     aggregate_client_metrics,
     comm_metrics,
     density,
     weighted,
 )
+from fedcomm.simulation.rounds import Round, RunParts
 from fedcomm.simulation.start import initial_state
 from fedcomm.system.config import SystemConfig
 from fedcomm.types import ParamDict
@@ -183,6 +183,51 @@ def _run(
 ) -> RunResult:
     if algorithm.prepare_model is not None:
         model = algorithm.prepare_model(model, cfg.seed).to(dev)
+    state = _start(cfg, algorithm, model, data, dev, mark, config_hash, checkpoint_path, resume)
+    resumed_from = mark.at - 1
+    if tracker is not None and state.run_id is None:
+        state.run_id = tracker.run_id
+    if checkpoint_path is not None and resumed_from == 0:  # a kill before round 1 keeps the run id
+        _save(state, checkpoint_path, mark)
+    ledger = Ledger(list(state.ledger_rows))
+    backend = Backend(
+        cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size, precision=cfg.precision
+    )
+    parts = RunParts(
+        algorithm, model, data, compressor, backend, cfg.local, cfg.seed, cfg.eval_batch_size,
+        cfg.on_divergence, cfg.divergence_loss, dense_numel(model),
+    )  # fmt: skip
+    sim = (
+        None
+        if cfg.system is None
+        else timed.SystemRun.build(
+            cfg.system, model, data, cfg.seed, cfg.data_root, sparse=algorithm.sparse_compute
+        )
+    )
+    for round_ in range(state.round_ + 1, cfg.rounds + 1):
+        mark.at = round_
+        t_round = time.perf_counter()
+        metrics = _play_round(cfg, parts, sim, state, ledger, round_)
+        metrics["time/round_s"] = time.perf_counter() - t_round
+        _close_round(cfg, state, ledger, round_, metrics, checkpoint_path, mark, tracker, progress)
+    final = {k: v.detach().clone() for k, v in algorithm.global_params(state.server).items()}
+    return RunResult(
+        state, final, ledger, resumed_from, backend=backend.effective, checkpoint_round=mark.kept
+    )
+
+
+def _start(
+    cfg: LoopConfig,
+    algorithm: FedAlgorithm,
+    model: nn.Module,
+    data: FederatedTensors,
+    dev: torch.device,
+    mark: _Mark,
+    config_hash: str,
+    checkpoint_path: Path | None,
+    resume: bool,
+) -> checkpoint.RunState:
+    """The checkpoint's state (``resume`` and a valid one), else round 0's; ``mark`` set."""
     state = (
         checkpoint.load(checkpoint_path, config_hash, map_location=dev)
         if (resume and checkpoint_path)
@@ -192,51 +237,32 @@ def _run(
     mark.at, mark.kept = resumed_from + 1, None if checkpoint_path is None else resumed_from
     if state is None:  # round 0: the server's initial state, an algorithm's warm start
         state = initial_state(algorithm, model, data, cfg.seed, cfg.local, config_hash)
-    if tracker is not None and state.run_id is None:
-        state.run_id = tracker.run_id
-    if checkpoint_path is not None and resumed_from == 0:  # a kill before round 1 keeps the run id
-        _save(state, checkpoint_path, mark)
-    ledger = Ledger(list(state.ledger_rows))
-    cum_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows)
-    cum_up_bits = sum(r[3] + r[4] + r[5] for r in ledger.rows if r[2] == "up")
-    backend = Backend(
-        cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size, precision=cfg.precision
-    )
-    sim = (
-        None
-        if cfg.system is None
-        else timed.SystemRun.build(
-            cfg.system, model, data, cfg.seed, cfg.data_root, sparse=algorithm.sparse_compute
-        )
-    )
+    return state
 
-    for round_ in range(state.round_ + 1, cfg.rounds + 1):
-        mark.at = round_
-        t_round = time.perf_counter()
-        metrics, cum_bits, cum_up_bits = _one_round(
-            cfg, algorithm, model, data, compressor, state, ledger, round_, cum_bits, cum_up_bits,
-            backend, sim,
-        )  # fmt: skip
-        metrics["time/round_s"] = time.perf_counter() - t_round
-        state.round_ = round_
-        state.round_rows.append({"round": round_, **metrics})
-        state.ledger_rows = ledger.rows
-        if tracker is not None:
-            tracker.log_round(round_, metrics)
-        if progress is not None:
-            progress(round_, metrics)
-        if (
-            checkpoint_path is not None
-            and (round_ % cfg.checkpoint_every == 0)
-            and round_ < cfg.rounds
-        ):
-            _save(state, checkpoint_path, mark)
-        if os.environ.get(CRASH_ENV) == str(round_):
-            os.kill(os.getpid(), signal.SIGKILL)
-    final = {k: v.detach().clone() for k, v in algorithm.global_params(state.server).items()}
-    return RunResult(
-        state, final, ledger, resumed_from, backend=backend.effective, checkpoint_round=mark.kept
-    )
+
+def _close_round(
+    cfg: LoopConfig,
+    state: checkpoint.RunState,
+    ledger: Ledger,
+    round_: int,
+    metrics: dict[str, float | None],
+    checkpoint_path: Path | None,
+    mark: _Mark,
+    tracker: Tracker | None,
+    progress: Callable[[int, Mapping[str, float | None]], None] | None,
+) -> None:
+    """Round ``round_`` done: its row kept, logged, shown; a checkpoint when due."""
+    state.round_ = round_
+    state.round_rows.append({"round": round_, **metrics})
+    state.ledger_rows = ledger.rows
+    if tracker is not None:
+        tracker.log_round(round_, metrics)
+    if progress is not None:
+        progress(round_, metrics)
+    if checkpoint_path is not None and round_ % cfg.checkpoint_every == 0 and round_ < cfg.rounds:
+        _save(state, checkpoint_path, mark)
+    if os.environ.get(CRASH_ENV) == str(round_):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _save(state: checkpoint.RunState, path: Path, mark: _Mark) -> None:
@@ -246,184 +272,103 @@ def _save(state: checkpoint.RunState, path: Path, mark: _Mark) -> None:
         mark.kept = state.round_
 
 
-def _one_round(
+def _play_round(
     cfg: LoopConfig,
-    algorithm: FedAlgorithm,
-    model: nn.Module,
-    data: FederatedTensors,
-    compressor: Compressor,
+    parts: RunParts,
+    sim: timed.SystemRun | None,
     state: checkpoint.RunState,
     ledger: Ledger,
     round_: int,
-    cum_bits: int,
-    cum_up_bits: int,
-    backend: Backend,
-    sim: timed.SystemRun | None = None,
-) -> tuple[dict[str, float | None], int, int]:
-    rctx = RoundContext(round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, model)
-    start_s = timed.elapsed_s(state.round_rows)  # simulated seconds before this round (system only)
-    online = 0
-    if sim is None:
-        cohort = sample_cohort(cfg.seed, round_, data.num_clients, cfg.clients_per_round)
-    else:  # K(1 + f) among the clients online now
-        cohort, online = sim.cohort(cfg.seed, round_, start_s, cfg.clients_per_round)
-    uplinks: list[Uplink] = []
-    payloads: list[Payload] = []
-    up_bits = down_bits = up_dense_bits = 0
-    numel = dense_numel(model)  # the full model, without ProgFed's temporary heads
-    train_s: list[float] = []
-    losses: list[tuple[float, int]] = []
-    client_metrics: list[Mapping[str, float]] = []
-    skipped: list[int] = []  # clients that diverged (train.on_divergence: skip)
+) -> dict[str, float | None]:
+    """Round ``round_`` (steps 1-5): the cohort's work taken, the server step, the metrics."""
+    ctx = RoundContext(
+        round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, parts.model
+    )
     local_due = round_ % cfg.local_eval_every == 0 or round_ == cfg.rounds
-
-    def state_of(cid: int) -> Any:
-        record = state.clients.get(cid)
-        return record.state if record is not None else algorithm.init_client(cid)
-
-    def inputs(clients: Sequence[int], local: LocalConfig) -> RoundInputs:
-        return RoundInputs(
-            clients, algorithm, state_of, state.server, rctx, model, data, local, cfg.seed
-        )
-
-    def compressor_in(cid: int) -> Any:
-        record = state.clients.get(cid)
-        return record.compressor_state if record is not None else compressor.init()
-
-    def encode(turn: Turn) -> tuple[Payload, Any, float]:
-        t0 = time.perf_counter()
-        payload, comp_state = compressor.encode(
-            turn.result.uplink, compressor_in(turn.client_id), turn.generator, round_
-        )
-        return payload, comp_state, turn.seconds + time.perf_counter() - t0
-
-    def take(
-        turn: Turn, payload: Payload, comp_state: Any, seconds: float, extra: dict[str, Any]
-    ) -> None:
-        """Client ``turn`` aggregated: its uplink decoded, its model evaluated or kept, its
-        state stored, its row written."""
-        nonlocal up_dense_bits
-        cid, decoded_down, result = turn.client_id, turn.decoded_down, turn.result
-        record = state.clients.get(cid)
-        train_s.append(seconds)
-        up_dense_bits += bits.dense(numel)  # the dense model
-        decoded_up = payload.decode()
-        uplinks.append(Uplink(cid, result.num_examples, decoded_up))
-        payloads.append(payload)
-        uploaded = result.local_params
-        if payload is not result.uplink and algorithm.uploaded_model is not None:
-            uploaded = algorithm.uploaded_model(decoded_down, decoded_up)  # what the server got
-        local: tuple[float | None, float | None, int | None]
-        if local_due:  # evaluated now: its record holds the result
-            local = local_eval.evaluate_upload(model, uploaded, data, cid, cfg.eval_batch_size)
-            state.clients[cid] = ClientRecord(result.state, comp_state, *local)
-        else:  # kept until local evaluation is due; its last result is reused until then
-            state.clients[cid] = ClientRecord(
-                result.state,
-                comp_state,
-                *(local_eval.last_result(record)),
-                pending=local_eval.copy_to(uploaded, torch.device("cpu")),
-                pending_row=len(state.client_rows),
-            )
-            local = (None, None, None)  # this upload's row: filled in when evaluated
-        loss = result.metrics.get("train/loss", math.nan)
-        why = diverged(result.metrics.get("train/loss"), decoded_up, cfg.divergence_loss)
-        if why is not None:
-            if cfg.on_divergence == "stop":
-                raise DivergenceError(
-                    f"round {round_}: client {cid} diverged: {why}. Lower train.local.lr "
-                    f"(now {cfg.local.lr:g}), "
-                    "or set train.on_divergence: skip to leave such clients out"
-                )
-            skipped.append(cid)  # sent and charged, but left out of the aggregation
-            uplinks.pop()
-            payloads.pop()
-        else:
-            client_metrics.append(result.metrics)
-            losses.append((loss, result.num_examples))
-        state.client_rows.append(
-            {
-                "round": round_,
-                "client_id": cid,
-                "num_examples": result.num_examples,
-                "train_s": seconds,
-                "train_loss": loss,
-                "local_accuracy": local[0],
-                "local_loss": local[1],
-                "test_n": local[2],
-                **extra,
-            }
-        )
-
-    turns = backend.turns(inputs(cohort, cfg.local)) if cohort else iter(())  # 1.-3.
+    rnd = Round(parts, round_, state, ledger, ctx, local_due)
+    start_s = timed.elapsed_s(state.round_rows)  # simulated seconds before this round (system only)
     settled: timed.Settled | None = None
-    if sim is None:
-        for turn in turns:
-            down_bits += ledger.record(round_, turn.client_id, "down", turn.down)
-            payload, comp_state, seconds = encode(turn)
-            up_bits += ledger.record(round_, turn.client_id, "up", payload)
-            take(turn, payload, comp_state, seconds, {})
-    else:  # every client timed from its bits and work, then the round settled
-
-        def train(cid: int, local: LocalConfig) -> Turn:
-            (turn,) = backend.turns(inputs([cid], local))
-            return turn
-
-        up_bits, down_bits, settled = timed.play_round(
-            sim, turns, ledger=ledger, round_=round_, k=cfg.clients_per_round, local=cfg.local,
-            start_s=start_s, encode=encode, train=train, take=take, client_rows=state.client_rows,
-        )  # fmt: skip
-    if not uplinks and (sim is None or skipped):
-        raise DivergenceError(
-            f"round {round_}: every client diverged ({len(skipped)} skipped). Lower train.local.lr"
+    if sim is None:  # 1.-3.
+        cohort, online = (
+            sample_cohort(cfg.seed, round_, parts.data.num_clients, cfg.clients_per_round),
+            0,
         )
-    t_server = time.perf_counter()
-    if compressor.server_hook is not None and uplinks:  # e.g. SignSGD: uplinks become the vote
-        hooked = compressor.server_hook(payloads)
-        uplinks = [
-            Uplink(u.client_id, u.num_examples, t) for u, t in zip(uplinks, hooked, strict=True)
-        ]
-    if uplinks:  # (a system round where no client made it leaves the server as it was)
-        state.server = algorithm.server_update(state.server, uplinks, rctx)  # 4. server
-    server_s = time.perf_counter() - t_server
-    cum_bits += up_bits + down_bits
-    cum_up_bits += up_bits
+        for turn in rnd.turns(cohort):
+            rnd.send_down(turn)
+            enc = rnd.encode(turn)
+            rnd.send_up(turn.client_id, enc.payload)
+            rnd.take(turn, enc, {})
+    else:  # K(1 + f) among the clients online now, timed from their bits and work, then settled
+        cohort, online = sim.cohort(cfg.seed, round_, start_s, cfg.clients_per_round)
+        settled = timed.play_round(sim, rnd, cohort, cfg.clients_per_round, start_s)
+    if not rnd.uplinks and (sim is None or rnd.skipped):
+        raise DivergenceError(
+            f"round {round_}: every client diverged ({len(rnd.skipped)} skipped). "
+            "Lower train.local.lr"
+        )
+    server_s = _server_step(parts, state, rnd)  # 4.
     metrics: dict[str, float | None] = {
         **comm_metrics(
-            up_bits, down_bits, up_dense_bits, cum_bits, cum_up_bits, numel, len(cohort), round_
+            rnd.up_bits, rnd.down_bits, rnd.up_dense_bits, ledger.bits(), ledger.up_bits(),
+            parts.numel, len(cohort), round_,
         ),
-        "train/loss": weighted([lo for lo, _ in losses], [n for _, n in losses]),
-        "time/client_s": float(np.mean(train_s)) if train_s else None,
-        "time/client_max_s": float(np.max(train_s)) if train_s else None,
+        "train/loss": weighted([lo for lo, _ in rnd.losses], [n for _, n in rnd.losses]),
+        "time/client_s": float(np.mean(rnd.train_s)) if rnd.train_s else None,
+        "time/client_max_s": float(np.max(rnd.train_s)) if rnd.train_s else None,
         "time/server_s": server_s,
-    }
+    }  # fmt: skip
     if settled is not None:
         metrics.update(timed.round_metrics(settled, len(cohort), online, start_s))
-    if skipped:
-        metrics["train/diverged_clients"] = float(len(skipped))
-    if local_due:
-        local_eval.evaluate_pending(state, model, data, cfg.eval_batch_size)
-        metrics.update(local_eval.local_metrics(state.clients, data.num_clients))
-    metrics.update(aggregate_client_metrics(client_metrics))
-    metrics.update(
-        {
-            f"{algorithm.name}/{k}" if "/" not in k else k: v
-            for k, v in algorithm.server_metrics(state.server).items()
-        }
-    )
+    if rnd.skipped:
+        metrics["train/diverged_clients"] = float(len(rnd.skipped))
+    if local_due:  # 5. local accuracy
+        local_eval.evaluate_pending(state, parts.model, parts.data, cfg.eval_batch_size)
+        metrics.update(local_eval.local_metrics(state.clients, parts.data.num_clients))
+    metrics.update(aggregate_client_metrics(rnd.client_metrics))
+    metrics.update(_model_metrics(cfg, parts, state, round_))
+    return metrics
+
+
+def _server_step(parts: RunParts, state: checkpoint.RunState, rnd: Round) -> float:
+    """The server's update from the round's uplinks (first mapped by the compressor's
+    ``server_hook``: SignSGD's majority vote); its wall seconds. A system round where no
+    client made it leaves the server as it was."""
+    t_server = time.perf_counter()
+    uplinks = rnd.uplinks
+    hook = parts.compressor.server_hook
+    if hook is not None and uplinks:
+        uplinks = [
+            Uplink(u.client_id, u.num_examples, t)
+            for u, t in zip(uplinks, hook(rnd.payloads), strict=True)
+        ]
+    if uplinks:
+        state.server = parts.algorithm.server_update(state.server, uplinks, rnd.ctx)
+    return time.perf_counter() - t_server
+
+
+def _model_metrics(
+    cfg: LoopConfig, parts: RunParts, state: checkpoint.RunState, round_: int
+) -> dict[str, float | None]:
+    """The algorithm's server metrics, the global model's density, and (when due, step 5) its
+    accuracy: each distinct test example once; an ensemble's members each too."""
+    algorithm = parts.algorithm
+    metrics: dict[str, float | None] = {
+        f"{algorithm.name}/{k}" if "/" not in k else k: v
+        for k, v in algorithm.server_metrics(state.server).items()
+    }
     params = algorithm.global_params(state.server)
     dens = density(params)
     metrics["model/density"] = dens
     metrics["model/sparsity"] = 1.0 - dens
-    if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:  # 5. evaluate
+    if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
         members = split_members(params)
         batch = cfg.eval_batch_size
-        g = evaluate_global(model, members, data, batch_size=batch, topk=(cfg.topk,)).union
-        metrics["global/accuracy"] = g.accuracy
-        metrics["global/loss"] = g.loss
-        metrics["topk/accuracy"] = g.topk.get(cfg.topk)
+        g = evaluate_global(parts.model, members, parts.data, batch_size=batch, topk=(cfg.topk,))
+        metrics["global/accuracy"] = g.union.accuracy
+        metrics["global/loss"] = g.union.loss
+        metrics["topk/accuracy"] = g.union.topk.get(cfg.topk)
         if len(members) > 1:  # an ensemble: each member's accuracy too
             for k, member in enumerate(members):
-                one = evaluate_global(model, member, data, batch_size=batch).union
+                one = evaluate_global(parts.model, member, parts.data, batch_size=batch).union
                 metrics[f"global/member{k}/accuracy"] = one.accuracy
-    return metrics, cum_bits, cum_up_bits
+    return metrics

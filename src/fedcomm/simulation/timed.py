@@ -1,34 +1,34 @@
 """The round under a ``system`` section (issue 30): clients timed from their encoded bits and
 their local work, the round settled by the deadline and over-selection.
 
-The loop trains and encodes every sampled client as always; here each client's messages and
-work become simulated seconds (:mod:`fedcomm.system.clock`), and :func:`settle` decides who is
+Every sampled client is trained and encoded as always; here each client's messages and work
+become simulated seconds (:mod:`fedcomm.system.clock`), and :func:`settle` decides who is
 aggregated: the first ``K`` to finish within the deadline. A straggler is dropped, or under
-``stragglers: partial`` retrained for the local steps that fit before the deadline (the loop's
-``retrain`` callback) and aggregated if its new uplink then makes it. Dropped clients keep their
-state from before the round: the server never saw their work.
+``stragglers: partial`` trained again for the local steps that fit before the deadline and
+aggregated if its new uplink then makes it. Dropped clients keep their state from before the
+round: the server never saw their work.
 
-:func:`play_round` is the loop's steps 4-8 under simulated time: every client's downlink
-recorded and its uplink encoded and timed, the round settled, then the accepted clients'
-uplinks recorded and handed to the loop's ``take`` and the dropped ones' recorded as cut
-(``not_sent`` / ``partial``) with a ``dropped`` client row.
+:func:`play_round` is the loop's client steps under simulated time: it asks the round
+(:class:`~fedcomm.simulation.rounds.Round`) to train, record and encode every client, settles
+the round, then has the round take the accepted clients and cut the dropped ones' uplinks
+(``not_sent`` / ``partial``, with a ``dropped`` client row).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from fedcomm.algorithms.core.local import LocalConfig
-from fedcomm.comm.ledger import Ledger, Status
-from fedcomm.comm.payload import Payload
 from fedcomm.simulation.backends import Turn
 from fedcomm.simulation.data import FederatedTensors
+from fedcomm.simulation.rounds import Encoded, Round
 from fedcomm.system import population as pop
 from fedcomm.system.clock import ClientTime, batch_sizes, client_time, decide, steps_that_fit
 from fedcomm.system.config import SystemConfig
@@ -78,8 +78,7 @@ class Timed:
     """One client's trained and encoded round, with its simulated time."""
 
     turn: Turn
-    payload: Payload
-    comp_state: Any
+    encoded: Encoded  # its uplink as encoded
     down_bits: int
     time: ClientTime
     sizes: tuple[int, ...]  # the sizes of the local minibatches it ran
@@ -88,15 +87,14 @@ class Timed:
 def time_turn(
     sim: SystemRun,
     turn: Turn,
-    payload: Payload,
-    comp_state: Any,
+    encoded: Encoded,
     down_bits: int,
     local: LocalConfig,
     start_s: float,
     steps: int | None = None,
 ) -> Timed:
     """``turn``'s simulated time: its downlink, ``steps`` local minibatches (all of ``local``'s
-    when None) at its speed, its uplink of ``payload``."""
+    when None) at its speed, its ``encoded`` uplink."""
     cid = turn.client_id
     sizes = batch_sizes(turn.result.num_examples, local.batch_size, local.epochs, local.steps)
     if steps is not None:
@@ -106,9 +104,9 @@ def time_turn(
     t = client_time(
         cid, p.down[cid], p.up[cid], float(p.latency_s[cid]), float(p.flops_per_s[cid]),
         round_start_s=start_s, down_bits=down_bits, work_flops=work,
-        up_bits=payload.nbits().total,
+        up_bits=encoded.payload.nbits().total,
     )  # fmt: skip
-    return Timed(turn, payload, comp_state, down_bits, t, tuple(sizes))
+    return Timed(turn, encoded, down_bits, t, tuple(sizes))
 
 
 @dataclass(frozen=True)
@@ -172,63 +170,38 @@ def _sent_by(sim: SystemRun, t: Timed, start_s: float, round_s: float) -> int:
         return 0
     up = sim.population.up[t.turn.client_id]
     sent = up.bits_between(start_s + t.time.up_start_s, start_s + round_s)
-    return min(t.payload.nbits().total, int(sent))
-
-
-Encode = Callable[[Turn], tuple[Payload, Any, float]]  # -> uplink, compressor state, wall seconds
-Train = Callable[[int, LocalConfig], Turn]  # one client trained again under other local steps
-Take = Callable[[Turn, Payload, Any, float, dict[str, Any]], None]  # the loop aggregates a client
+    return min(t.encoded.payload.nbits().total, int(sent))
 
 
 def play_round(
-    sim: SystemRun,
-    turns: Iterable[Turn],
-    *,
-    ledger: Ledger,
-    round_: int,
-    k: int,
-    local: LocalConfig,
-    start_s: float,
-    encode: Encode,
-    train: Train,
-    take: Take,
-    client_rows: list[dict[str, Any]],
-) -> tuple[int, int, Settled]:
-    """The round's clients timed from their bits and work, then the round settled: the uplink
-    and downlink bits the ledger recorded, and the outcome. ``take`` gets each accepted client
-    (cohort order) with its client row's simulated part; each dropped one gets a row in
-    ``client_rows`` here."""
-    up_bits = down_bits = 0
+    sim: SystemRun, rnd: Round, cohort: Sequence[int], k: int, start_s: float
+) -> Settled:
+    """Round ``rnd`` under simulated time: every client of ``cohort`` trained, its downlink
+    recorded, its uplink encoded and timed from its bits and work; the round settled; then
+    each accepted client's uplink recorded and the client taken (cohort order, its client row
+    with its simulated part), each dropped one's uplink recorded as cut with a ``dropped`` row.
+    """
     clocked: list[Timed] = []
-    walls: dict[int, float] = {}
-    for turn in turns:
-        d = ledger.record(round_, turn.client_id, "down", turn.down)
-        down_bits += d
-        payload, comp_state, walls[turn.client_id] = encode(turn)
-        clocked.append(time_turn(sim, turn, payload, comp_state, d, local, start_s))
-
-    def retrain(t: Timed, steps: int) -> Timed:  # partial work: the first steps
-        partial = LocalConfig(**{**local.model_dump(), "epochs": None, "steps": steps})
-        turn = train(t.turn.client_id, partial)
-        payload, comp_state, walls[turn.client_id] = encode(turn)
-        return time_turn(sim, turn, payload, comp_state, t.down_bits, local, start_s, steps)
-
-    settled = settle(sim, clocked, k, start_s, retrain)
+    for turn in rnd.turns(cohort):
+        down_bits = rnd.send_down(turn)
+        clocked.append(time_turn(sim, turn, rnd.encode(turn), down_bits, rnd.run.local, start_s))
+    settled = settle(sim, clocked, k, start_s, partial(_retrain, sim, rnd, start_s))
     for t in settled.accepted:
-        cid = t.turn.client_id
-        up_bits += ledger.record(round_, cid, "up", t.payload)
-        status = "partial_work" if cid in settled.partial else "aggregated"
-        take(t.turn, t.payload, t.comp_state, walls[cid], client_row(t, status))
+        rnd.send_up(t.turn.client_id, t.encoded.payload)
+        status = "partial_work" if t.turn.client_id in settled.partial else "aggregated"
+        rnd.take(t.turn, t.encoded, client_row(t, status))
     for t, sent in settled.dropped:
-        cut: Status = "partial" if sent else "not_sent"
-        up_bits += ledger.record(
-            round_, t.turn.client_id, "up", t.payload, status=cut, sent_bits=sent
-        )
-        client_rows.append(
-            {"round": round_, "client_id": t.turn.client_id,
-             "num_examples": t.turn.result.num_examples, **client_row(t, "dropped")}
-        )  # fmt: skip
-    return up_bits, down_bits, settled
+        rnd.cut(t.turn, t.encoded.payload, sent, client_row(t, "dropped"))
+    return settled
+
+
+def _retrain(sim: SystemRun, rnd: Round, start_s: float, t: Timed, steps: int) -> Timed:
+    """A straggler's partial work: its client trained again for the first ``steps`` local
+    minibatches, encoded and timed (its downlink as before)."""
+    local = rnd.run.local
+    partial_local = LocalConfig(**{**local.model_dump(), "epochs": None, "steps": steps})
+    turn = rnd.retrain(t.turn.client_id, partial_local)
+    return time_turn(sim, turn, rnd.encode(turn), t.down_bits, local, start_s, steps)
 
 
 def elapsed_s(round_rows: Sequence[Mapping[str, Any]]) -> float:

@@ -193,22 +193,8 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
         weighted = wb is not None
         step_frozen = frozen
         if chunk[0].draws is not None:
-            drawn: list[dict[str, Tensor] | None] = [
-                j.draws() if a and j.draws is not None else None
-                for j, a in zip(chunk, active, strict=True)
-            ]
-            template = template or next(d for d in drawn if d is not None)
-            t = template
-            stacked = _stack(  # drawn on the clients' CPU generators, moved in one copy each
-                [
-                    d if d is not None else {k: torch.zeros_like(v) for k, v in t.items()}
-                    for d in drawn
-                ]
-            )
-            step_frozen = {
-                **frozen,
-                **{k: v.to(dev, non_blocking=True) for k, v in stacked.items()},
-            }
+            drawn, template = _draws(chunk, active, template, dev)
+            step_frozen = {**frozen, **drawn}
         if weighted not in phases:  # (building a vmapped function is cheap: no tracing)
             one: GradFn = grad_fn(model, program, cfg, functional=True)
             phases[weighted] = torch.func.vmap(one, in_dims=(0, 0, 0, 0, 0 if weighted else None))
@@ -234,24 +220,7 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
             _undo(live, undo_to[0], undo)
             _undo(bufs, undo_to[1], undo)
         _restore(live, bufs, saved, off)
-        hooked = [
-            i for i, j in enumerate(chunk) if active[i] and j.after_step and s in j.hook_steps
-        ]
-        if hooked:
-            loss_list = loss.tolist()
-            for i in hooked:
-                job = chunk[i]
-                assert job.after_step is not None
-                mine_live = {k: v[i] for k, v in live.items()}
-                mine_frozen = {k: v[i] for k, v in frozen.items()}
-                updates = job.after_step(s, loss_list[i], mine_live, mine_frozen, job.batches[s])
-                if updates is None:
-                    continue
-                for k, v in updates[0].items():
-                    live[k][i].copy_(v)
-                for k, v in updates[1].items():
-                    frozen[k][i].copy_(v)
-                    touched.add(k)
+        touched |= _after_step(chunk, active, s, loss, live, frozen)
     # each client's results are views of the chunk's stacks (no copy: the results of every
     # client live until the server update anyway, and together they are the stacks' size);
     # frozen tensors no hook changed are the job's own, so the frozen stacks are freed here
@@ -263,6 +232,56 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
         kept = {k: frozen[k][i].clone() if k in touched else v for k, v in job.frozen.items()}
         out.append(JobResult(mine[i], kept, own_bufs[i], mean_losses[i], n))
     return out
+
+
+def _draws(
+    chunk: Sequence[LocalJob],
+    active: Sequence[bool],
+    template: dict[str, Tensor] | None,
+    dev: torch.device,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """A step's random draws of the chunk's active clients, stacked on ``dev`` (an inactive
+    client's are zeros shaped like ``template``, the first draws seen); and the template."""
+    drawn: list[dict[str, Tensor] | None] = [
+        j.draws() if a and j.draws is not None else None for j, a in zip(chunk, active, strict=True)
+    ]
+    template = template or next(d for d in drawn if d is not None)
+    t = template
+    stacked = _stack(  # drawn on the clients' CPU generators, moved in one copy each
+        [d if d is not None else {k: torch.zeros_like(v) for k, v in t.items()} for d in drawn]
+    )
+    return {k: v.to(dev, non_blocking=True) for k, v in stacked.items()}, template
+
+
+def _after_step(
+    chunk: Sequence[LocalJob],
+    active: Sequence[bool],
+    s: int,
+    loss: Tensor,
+    live: dict[str, Tensor],
+    frozen: dict[str, Tensor],
+) -> set[str]:
+    """Step ``s``'s ``after_step`` hooks of the active clients that have one, their updates
+    copied into the stacks; the frozen keys they updated."""
+    touched: set[str] = set()
+    hooked = [i for i, j in enumerate(chunk) if active[i] and j.after_step and s in j.hook_steps]
+    if not hooked:
+        return touched
+    loss_list = loss.tolist()
+    for i in hooked:
+        job = chunk[i]
+        assert job.after_step is not None
+        mine_live = {k: v[i] for k, v in live.items()}
+        mine_frozen = {k: v[i] for k, v in frozen.items()}
+        updates = job.after_step(s, loss_list[i], mine_live, mine_frozen, job.batches[s])
+        if updates is None:
+            continue
+        for k, v in updates[0].items():
+            live[k][i].copy_(v)
+        for k, v in updates[1].items():
+            frozen[k][i].copy_(v)
+            touched.add(k)
+    return touched
 
 
 def _unstack(stacked: Mapping[str, Tensor], C: int) -> list[dict[str, Tensor]]:

@@ -118,14 +118,20 @@ def test_per_round_cum_gib_matches_bits() -> None:
     assert per_round(ledger.frame())["cum_gib"][-1] == pytest.approx(bits.to_gib(total_bits))
 
 
-def test_truncate_drops_later_rounds() -> None:
+def test_totals_by_name_sum_the_link_bits_of_the_rows() -> None:
     ledger = _example()
-    ledger.record(3, 0, "up", _dense(1))
-    ledger.truncate(1)
-    assert {r[0] for r in ledger.rows} == {1}
-    assert len(ledger.rows) == 4
-    ledger.truncate(0)
-    assert ledger.rows == []
+    ledger.record(3, 0, "up", _dense(4), status="partial", sent_bits=50)  # 50 of 128 bits sent
+    ledger.record(3, 1, "up", _dense(4), status="not_sent")  # none sent
+    link = [r[3] + r[4] + r[5] for r in ledger.rows]
+    up = sum(n for n, r in zip(link, ledger.rows, strict=True) if r[2] == "up")
+    assert ledger.bits() == sum(link)
+    assert ledger.up_bits() == up and ledger.down_bits() == sum(link) - up
+    assert ledger.bits("up", "partial") == 50
+    assert ledger.bits(status="not_sent") == 0
+    assert ledger.bits("up", "sent") == up - 50
+    # rebuilt from its rows (a resumed run), the totals are the same
+    again = Ledger(list(ledger.rows))
+    assert (again.bits(), again.up_bits(), again.bits("up", "partial")) == (sum(link), up, 50)
 
 
 def test_write_round_trips_and_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -137,8 +143,8 @@ def test_write_round_trips_and_leaves_no_temp_file(tmp_path: Path) -> None:
     assert back.equals(ledger.frame())
     assert dict(back.schema) == SCHEMA
 
-    ledger.truncate(1)
-    ledger.write(path)  # replaces the old file
+    shorter = Ledger(ledger.rows[:4])
+    shorter.write(path)  # replaces the old file
     assert sorted(p.name for p in path.parent.iterdir()) == ["ledger.parquet"]
     assert pl.read_parquet(path).height == 4
 
