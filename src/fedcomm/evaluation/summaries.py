@@ -20,8 +20,8 @@ import polars as pl
 
 from fedcomm.comm.bits import GIB
 from fedcomm.evaluation.caps import CapAxis, best_within_upload_cap
-from fedcomm.evaluation.curve_points import LAST_K as LAST_K  # (re-exported: sweep/ uses it)
 from fedcomm.evaluation.curve_points import (
+    LAST_K,
     best_value,
     best_within_budget,
     final_value,

@@ -27,7 +27,6 @@ from matplotlib.figure import Figure
 from optuna.trial import FrozenTrial, TrialState
 
 from fedcomm import atomic
-from fedcomm.evaluation.summaries import LAST_K
 from fedcomm.reporting.plots import save_figure
 from fedcomm.sweep.space import Sweep
 from fedcomm.sweep.trial import DETAIL_KEYS
@@ -222,9 +221,7 @@ def best_params_doc(trial: FrozenTrial, sweep: Sweep) -> tuple[dict[str, Any], s
     return doc, head
 
 
-def write_outputs(
-    study: optuna.Study, sweep: Sweep, out_dir: Path, last_k: int = LAST_K
-) -> list[Path]:
+def write_outputs(study: optuna.Study, sweep: Sweep, out_dir: Path, *, last_k: int) -> list[Path]:
     frame = trials_frame(study, sweep)
     written = [out_dir / "trials.parquet", out_dir / "pareto.png", out_dir / "history.png"]
     atomic.write_parquet(written[0], frame)
@@ -237,7 +234,7 @@ def write_outputs(
         atomic.write_text(path, head + yaml.safe_dump(doc, sort_keys=False))
         written.append(path)
     summary = out_dir / "summary.md"
-    atomic.write_text(summary, render_summary(frame, sweep, best, last_k))
+    atomic.write_text(summary, render_summary(frame, sweep, best, last_k=last_k))
     written.append(summary)
     return written
 
@@ -272,7 +269,7 @@ def _table(frame: pl.DataFrame, sweep: Sweep) -> list[str]:
 
 
 def render_summary(
-    frame: pl.DataFrame, sweep: Sweep, best: FrozenTrial | None, last_k: int = LAST_K
+    frame: pl.DataFrame, sweep: Sweep, best: FrozenTrial | None, *, last_k: int
 ) -> str:
     states = frame["state"].value_counts().sort("state") if frame.height else None
     counts = (

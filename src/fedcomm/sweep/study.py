@@ -214,7 +214,7 @@ def run_sweep(
             study.optimize(objective, n_trials=1, catch=(Exception,))
             recover_stale(study, lock, uri)
             finished, failed = counts(study)
-        written = outputs.write_outputs(study, sweep, out_dir, base.evaluate.last_k)
+        written = outputs.write_outputs(study, sweep, out_dir, last_k=base.evaluate.last_k)
         if finished < target:
             raise SweepFailed(
                 f"study {study_name!r}: {failed - failed_before} trials failed in this run "

@@ -41,7 +41,7 @@ from fedcomm.evaluation.sim_time import (
     has_sim_time,
     sim_hours_to_target,
 )
-from fedcomm.evaluation.summaries import LAST_K, run_table
+from fedcomm.evaluation.summaries import run_table
 from fedcomm.stages.evaluate import evaluate_stage
 from fedcomm.stages.identity import resolved_run_config
 from fedcomm.stages.partition import load_data, partition_spec, partition_stage
@@ -107,9 +107,9 @@ def prepare_partition(params: Params, sweep_dir: Path) -> tuple[Path, str]:
 class Intermediate:
     """The objective's running value from the per-round metrics (what the pruner sees)."""
 
-    def __init__(self, objective: Objective, last_k: int = LAST_K) -> None:
+    def __init__(self, objective: Objective, last_k: int) -> None:
         self.objective = objective
-        self.last_k = last_k  # ``final``: the mean of the last k evaluations so far
+        # ``final``: the mean of the last ``last_k`` evaluations so far (evaluate.last_k)
         self.recent: deque[float] = deque(maxlen=last_k)
         self.value: float | None = None
         self.reached = False  # time_to_target: the target was reached (value fixed)
@@ -161,7 +161,7 @@ def _elapsed_h(metrics: Mapping[str, float | None]) -> float:
 
 
 def score(
-    table: pl.DataFrame, objective: Objective, seed: int = 0, last_k: int = LAST_K
+    table: pl.DataFrame, objective: Objective, seed: int = 0, *, last_k: int
 ) -> tuple[float, float, dict[str, Any]]:
     """(first objective, GiB objective, details) of one finished run's :func:`run_table`.
 
@@ -293,7 +293,7 @@ def run_trial(
                 pl.read_parquet(out / "ledger.parquet"),
                 pl.read_parquet(out / "clients.parquet"),
             )
-            acc, gib, details = score(table, sweep.objective, seed, params.evaluate.last_k)
+            acc, gib, details = score(table, sweep.objective, seed, last_k=params.evaluate.last_k)
             per_seed.append(
                 {
                     "seed": seed,

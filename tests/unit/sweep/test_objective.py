@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 
 from fedcomm.comm.bits import GIB
+from fedcomm.evaluation.curve_points import LAST_K
 from fedcomm.sweep.outputs import pareto_mask
 from fedcomm.sweep.space import Objective, Sweep
 from fedcomm.sweep.trial import Intermediate, score
@@ -58,14 +59,14 @@ def table() -> pl.DataFrame:
     ],
 )
 def test_score_reads_the_run_table(objective: Objective, acc: float, gib: float) -> None:
-    got_acc, got_gib, details = score(table(), objective)
+    got_acc, got_gib, details = score(table(), objective, last_k=LAST_K)
     assert got_acc == pytest.approx(acc) and got_gib == pytest.approx(gib)
     assert details["sparsity"] == pytest.approx(0.3)
     assert details["best_global_accuracy"] == pytest.approx(0.7)
 
 
 def test_score_at_an_unreachable_budget_is_zero_with_a_note() -> None:
-    acc, _, details = score(table(), Objective(reduce="at_budget", budget_gib=0.05))
+    acc, _, details = score(table(), Objective(reduce="at_budget", budget_gib=0.05), last_k=LAST_K)
     assert acc == 0.0 and "no evaluation within 0.05 GiB" in details["note"]
 
 

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from fedcomm.config import ConfigError
+from fedcomm.evaluation.curve_points import LAST_K
 from fedcomm.sweep.outputs import pareto_mask, render_summary
 from fedcomm.sweep.space import Objective, Sweep, load_sweep
 from fedcomm.sweep.trial import Intermediate, TargetMissed, score
@@ -30,7 +31,7 @@ ROUNDS = [
 
 
 def feed(objective: Objective) -> list[float | None]:
-    running = Intermediate(objective)
+    running = Intermediate(objective, LAST_K)
     return [running.update(m) for m in ROUNDS]
 
 
@@ -50,7 +51,7 @@ def test_running_objective_on_the_simulated_clock() -> None:
     assert feed(Objective(reduce="time_to_target", target=0.65)) == [None, 0.5, 1.25, 1.25]
     assert feed(Objective(reduce="time_to_target", target=0.9)) == [None, 0.5, 1.25, 2.0]
     with pytest.raises(ValueError, match=r"no time/sim_elapsed_s.*`system` section"):
-        Intermediate(Objective(reduce="time_to_target", target=0.5)).update(
+        Intermediate(Objective(reduce="time_to_target", target=0.5), LAST_K).update(
             {"global/accuracy": 0.5}
         )
 
@@ -71,7 +72,7 @@ def test_running_objective_on_the_simulated_clock() -> None:
     ],
 )
 def test_score_on_the_simulated_clock(objective: Objective, value: float, note: str | None) -> None:
-    got, gib, details = score(table(), objective)
+    got, gib, details = score(table(), objective, last_k=LAST_K)
     assert got == pytest.approx(value) and gib == pytest.approx(0.4)
     assert details.get("note") == note if note is None else note in details["note"]
     assert details["sim_elapsed_h"] == pytest.approx(2.0)
@@ -80,7 +81,7 @@ def test_score_on_the_simulated_clock(objective: Objective, value: float, note: 
 def test_a_missed_target_without_penalty_prunes_the_trial() -> None:
     objective = Objective(reduce="time_to_target", target=0.8)
     with pytest.raises(TargetMissed, match=r"seed 3 never reached global/accuracy >= 0.8 in 4"):
-        score(table(), objective, seed=3)
+        score(table(), objective, seed=3, last_k=LAST_K)
 
 
 def test_a_run_without_simulated_time_cannot_be_scored_on_it() -> None:
@@ -89,8 +90,8 @@ def test_a_run_without_simulated_time_cannot_be_scored_on_it() -> None:
         Objective(reduce="time_to_target", target=0.5, penalty_h=3.0),
     ):
         with pytest.raises(ValueError, match=r"did not record.*`system` section"):
-            score(table(system=False), objective)
-    assert "sim_elapsed_h" not in score(table(system=False), Objective())[2]
+            score(table(system=False), objective, last_k=LAST_K)
+    assert "sim_elapsed_h" not in score(table(system=False), Objective(), last_k=LAST_K)[2]
 
 
 def test_names_labels_and_directions() -> None:
@@ -180,7 +181,7 @@ def test_fewer_hours_win_the_front_and_the_top_trials() -> None:
     )
     # trial 2 is slower and costlier than trial 0: dominated; trial 1 sent less
     assert pareto_mask(frame, sweep).to_list() == [True, True, False]
-    text = render_summary(frame, sweep, None)
+    text = render_summary(frame, sweep, None, last_k=LAST_K)
     top = text.split("## Top trials")[1].splitlines()[4:7]
     assert [line.split(" | ")[0] for line in top] == ["| 0", "| 1", "| 2"]
     assert "| 0 | 1 h |" in text and "(minimize)" in text
