@@ -50,10 +50,8 @@ from torch import Tensor
 from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, RoundContext, Uplink, register
 from fedcomm.algorithms.core import jobs as _jobs
-from fedcomm.algorithms.submodel.codec import UNIT as UNIT  # f"unit/{layer}": a unit mask
 from fedcomm.algorithms.submodel.merge import masked_mean
-from fedcomm.algorithms.submodel.units import keep_counts as keep_counts
-from fedcomm.algorithms.submodel.units import keep_ranked, select
+from fedcomm.algorithms.submodel.units import keep_counts, keep_ranked, select
 from fedcomm.comm.payload import Entry, Free, Mask, Meta
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator

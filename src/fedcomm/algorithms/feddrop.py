@@ -39,16 +39,9 @@ from fedcomm.algorithms import submodel
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm, RoundContext, register
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
-from fedcomm.algorithms.submodel.codec import decode_kept as decode_kept
-from fedcomm.algorithms.submodel.codec import encode_kept as encode_kept
-from fedcomm.algorithms.submodel.codec import keep_masks as keep_masks
 from fedcomm.algorithms.submodel.codec import uploaded_model
-from fedcomm.algorithms.submodel.merge import aggregate as aggregate
 from fedcomm.algorithms.submodel.merge import masked_mean
-from fedcomm.algorithms.submodel.units import drop_counts as drop_counts
-from fedcomm.algorithms.submodel.units import param_masks as param_masks
-from fedcomm.algorithms.submodel.units import select
-from fedcomm.algorithms.submodel.units import unit_layers as unit_layers
+from fedcomm.algorithms.submodel.units import drop_counts, select, unit_layers
 from fedcomm.models.groups import GroupSpec
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.server_opt import ServerOptConfig, adam_server

@@ -41,7 +41,6 @@ from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientContext, ClientData, ClientResult, RoundContext
 from fedcomm.algorithms.submodel.codec import decode_kept, keep_masks
 from fedcomm.algorithms.submodel.merge import nested
-from fedcomm.algorithms.submodel.merge import nested_aggregate as nested_aggregate
 from fedcomm.algorithms.submodel.units import first_units, slice_masks, unit_layers
 from fedcomm.models.groups import GroupSpec
 

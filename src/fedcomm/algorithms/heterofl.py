@@ -46,10 +46,8 @@ from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientContext, ClientData, RoundContext
 from fedcomm.algorithms.submodel.merge import masked_mean
-from fedcomm.algorithms.submodel.units import first_units as first_units
-from fedcomm.algorithms.submodel.units import slice_masks as slice_masks
+from fedcomm.algorithms.submodel.units import first_units
 from fedcomm.algorithms.submodel.units import unit_layers as sequential_layers
-from fedcomm.algorithms.submodel.units import width_units as width_units
 from fedcomm.models.groups import GroupSpec, expand_mask
 from fedcomm.types import ParamDict
 

@@ -10,9 +10,11 @@ import torch
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import afd, build_algorithm, fedavg, feddrop
+from fedcomm.algorithms import afd, build_algorithm, fedavg
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.submodel.codec import UNIT, encode_kept, keep_masks
+from fedcomm.algorithms.submodel.units import keep_counts, unit_layers
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Free, Mask, Meta
 from fedcomm.models import build_model
@@ -50,9 +52,9 @@ def _bits(frame: pl.DataFrame, direction: str) -> set[tuple[int, int, int]]:
 
 
 def test_keep_counts_are_one_minus_p_per_hidden_layer_and_output_full() -> None:
-    layers = feddrop.unit_layers(_mlp([40, 20]))
-    assert afd.keep_counts(layers, 0.2) == {"fc1": 32, "fc2": 16, "fc3": 10}
-    assert afd.keep_counts(layers, 0.0) == {"fc1": 40, "fc2": 20, "fc3": 10}
+    layers = unit_layers(_mlp([40, 20]))
+    assert keep_counts(layers, 0.2) == {"fc1": 32, "fc2": 16, "fc3": 10}
+    assert keep_counts(layers, 0.0) == {"fc1": 40, "fc2": 20, "fc3": 10}
 
 
 def test_weighted_selection_by_hand() -> None:
@@ -71,8 +73,8 @@ def test_weighted_selection_by_hand() -> None:
 
 
 def test_resampling_keeps_exact_per_layer_counts() -> None:
-    layers = feddrop.unit_layers(_mlp([40, 20]))
-    counts = afd.keep_counts(layers, 0.3)
+    layers = unit_layers(_mlp([40, 20]))
+    counts = keep_counts(layers, 0.3)
     for seed in range(25):
         g = torch.Generator().manual_seed(seed)
         scores = {s.name: torch.rand(s.count, generator=g) for s in layers}
@@ -84,8 +86,8 @@ def test_resampling_keeps_exact_per_layer_counts() -> None:
 
 
 def test_score_update_and_resampling_on_a_scripted_loss_sequence() -> None:
-    layers = feddrop.unit_layers(_mlp([6]))  # fc1: 6 units, fc2: 10 (output)
-    counts = afd.keep_counts(layers, 0.5)  # fc1 keeps 3
+    layers = unit_layers(_mlp([6]))  # fc1: 6 units, fc2: 10 (output)
+    counts = keep_counts(layers, 0.5)  # fc1 keeps 3
     g = torch.Generator().manual_seed(0)
     scores = {s.name: torch.zeros(s.count) for s in layers}
     keep = afd.sample_keep(layers, scores, counts, g)
@@ -125,11 +127,11 @@ def test_server_update_uses_the_uploaded_losses_and_the_shared_stream(
     model = _mlp([8])
     alg = build_algorithm(afd.Config(p=0.5))
     state = alg.init_server(_params(model), RoundContext(0, torch.Generator(), 3, model))
-    layers = feddrop.unit_layers(model)
+    layers = unit_layers(model)
     uniform = afd.sample_keep(
         layers,
         {s.name: torch.zeros(s.count) for s in layers},
-        afd.keep_counts(layers, 0.5),
+        keep_counts(layers, 0.5),
         torch_generator(3, Stream.ALGORITHM, 0),
     )
     assert torch.equal(state.keep["fc1"], uniform["fc1"])  # round 1: uniform, replayable
@@ -137,9 +139,9 @@ def test_server_update_uses_the_uploaded_losses_and_the_shared_stream(
     def round_(state: afd.ServerState, r: int, losses: list[float]) -> afd.ServerState:
         rctx = RoundContext(r, torch.Generator(), 3, model)
         down = alg.broadcast(state, 0, None, rctx)
-        zero = feddrop.encode_kept(
+        zero = encode_kept(
             {k: torch.zeros_like(v) for k, v in state.params.items()},
-            feddrop.keep_masks(down.decode()),
+            keep_masks(down.decode()),
         )
         ups = [  # weights 1 and 3
             Uplink(i, n, {**{k: e.decode() for k, e in zero.items()}, afd.LOSS: torch.tensor(lo)})
@@ -162,7 +164,7 @@ def test_server_update_uses_the_uploaded_losses_and_the_shared_stream(
         s2.scores,
         2.0,
         3.0,
-        afd.keep_counts(layers, 0.5),
+        keep_counts(layers, 0.5),
         torch_generator(3, Stream.ALGORITHM, 3),
     )
     assert all(torch.equal(s3.keep[k], want[k]) for k in want)
@@ -188,7 +190,7 @@ def test_bits_sub_model_entries_plus_loss_meta_and_optional_pattern(
     for flag, entry in ((False, Free), (True, Mask)):
         alg = build_algorithm(afd.Config(p=0.5, count_pattern=flag))
         down = alg.broadcast(alg.init_server(_params(model), rctx), 0, None, rctx)
-        assert {k for k in down if k.startswith(afd.UNIT)} == {"unit/fc1", "unit/fc2"}
+        assert {k for k in down if k.startswith(UNIT)} == {"unit/fc1", "unit/fc2"}
         assert isinstance(down["unit/fc1"], entry)
 
 

@@ -16,6 +16,17 @@ from fedcomm.algorithms import build_algorithm, fedavg
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, ClientData, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.algorithms.fedbiad import algorithm as fedbiad
+from fedcomm.algorithms.fedbiad.bayes import kl_weight, model_variance, posterior_variance
+from fedcomm.algorithms.fedbiad.rows import (
+    is_check_point,
+    keep_counts,
+    random_pattern,
+    row_specs,
+    score_update,
+    top_rows,
+    trend,
+)
+from fedcomm.algorithms.fedbiad.server import encode_upload
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
@@ -99,14 +110,14 @@ def test_p_zero_without_kl_is_fedavg(
 
 
 def test_kept_rows_are_exact_per_layer_mlp_and_lstm() -> None:
-    mlp = fedbiad.row_specs(_mlp([40, 20]), drop_output_layer=True)
-    assert fedbiad.keep_counts(mlp, 0.2) == {"fc1": 32, "fc2": 16, "fc3": 8}
-    assert fedbiad.keep_counts(mlp, 0.3) == {"fc1": 28, "fc2": 14, "fc3": 7}  # 0.7·10 -> 7, not 8
-    assert fedbiad.keep_counts(mlp, 0.25) == {"fc1": 30, "fc2": 15, "fc3": 8}  # ceil(7.5)
-    no_out = fedbiad.row_specs(_mlp([40, 20]), drop_output_layer=False)
+    mlp = row_specs(_mlp([40, 20]), drop_output_layer=True)
+    assert keep_counts(mlp, 0.2) == {"fc1": 32, "fc2": 16, "fc3": 8}
+    assert keep_counts(mlp, 0.3) == {"fc1": 28, "fc2": 14, "fc3": 7}  # 0.7·10 -> 7, not 8
+    assert keep_counts(mlp, 0.25) == {"fc1": 30, "fc2": 15, "fc3": 8}  # ceil(7.5)
+    no_out = row_specs(_mlp([40, 20]), drop_output_layer=False)
     assert [s.name for s in no_out] == ["fc1", "fc2"]
 
-    lstm = fedbiad.row_specs(_lstm(), drop_output_layer=True, lstm_rows="both")
+    lstm = row_specs(_lstm(), drop_output_layer=True, lstm_rows="both")
     assert [(s.name, s.count) for s in lstm] == [
         ("embedding", 8),
         ("lstm.weight_ih_l0", 32),
@@ -114,11 +125,11 @@ def test_kept_rows_are_exact_per_layer_mlp_and_lstm() -> None:
         ("decoder", 20),
     ]
     want = {"embedding": 7, "lstm.weight_ih_l0": 26, "lstm.weight_hh_l0": 26, "decoder": 16}
-    assert fedbiad.keep_counts(lstm, 0.2) == want  # ceil(6.4), ceil(25.6), ceil(25.6), 16
+    assert keep_counts(lstm, 0.2) == want  # ceil(6.4), ceil(25.6), ceil(25.6), 16
     for seed in range(5):
-        beta = fedbiad.random_pattern(lstm, 0.2, torch.Generator().manual_seed(seed))
+        beta = random_pattern(lstm, 0.2, torch.Generator().manual_seed(seed))
         assert {k: int(b.sum()) for k, b in beta.items()} == want
-    glob = fedbiad.random_pattern(lstm, 0.2, torch.Generator().manual_seed(0), scope="global")
+    glob = random_pattern(lstm, 0.2, torch.Generator().manual_seed(0), scope="global")
     assert sum(int(b.sum()) for b in glob.values()) == math.ceil(0.8 * 92 - 1e-9)  # 74 of J = 92
 
 
@@ -150,21 +161,21 @@ def test_lstm_client_keeps_exact_rows_and_zeroes_the_dropped_ones() -> None:
 
 
 def test_check_points_trend_and_score_update_by_hand() -> None:
-    assert [v for v in range(12) if fedbiad.is_check_point(v, 3)] == [6, 9]
-    assert [v for v in range(8) if fedbiad.is_check_point(v, 2)] == [4, 6]
+    assert [v for v in range(12) if is_check_point(v, 3)] == [6, 9]
+    assert [v for v in range(8) if is_check_point(v, 2)] == [4, 6]
     # τ = 2: ΔL = mean(0.95, 1.1) − mean(1.0, 0.9) = 1.025 − 0.95 = 0.075 > 0
-    assert fedbiad.trend([5.0, 1.0, 0.9, 0.95, 1.1], 2) == pytest.approx(0.075)
+    assert trend([5.0, 1.0, 0.9, 0.95, 1.1], 2) == pytest.approx(0.075)
     now, nxt = torch.tensor([1, 1, 0, 1]).bool(), torch.tensor([1, 0, 1, 0]).bool()
     e = torch.tensor([0.0, 2.0, 5.0, 1.0])
     # rising loss: a held row gains 1[β^{v+1}_j = 1]; rows not held (j = 2) never change
-    got = fedbiad.score_update([1.0, 0.9, 0.95, 1.1], now, nxt, e)
+    got = score_update([1.0, 0.9, 0.95, 1.1], now, nxt, e)
     assert got.tolist() == [1.0, 2.0, 5.0, 1.0]
     # falling (ΔL = 0.75 − 0.95 = −0.2) and flat (ΔL = 0) losses: every held row gains 1
-    assert fedbiad.score_update([1.0, 0.9, 0.8, 0.7], now, nxt, e).tolist() == [1, 3, 5, 2]
-    assert fedbiad.score_update([1.0, 1.0, 1.0, 1.0], now, nxt, e).tolist() == [1, 3, 5, 2]
+    assert score_update([1.0, 0.9, 0.8, 0.7], now, nxt, e).tolist() == [1, 3, 5, 2]
+    assert score_update([1.0, 1.0, 1.0, 1.0], now, nxt, e).tolist() == [1, 3, 5, 2]
     assert e.tolist() == [0.0, 2.0, 5.0, 1.0]  # pure
     with pytest.raises(ValueError, match="2τ"):
-        fedbiad.trend([1.0, 2.0, 3.0], 2)
+        trend([1.0, 2.0, 3.0], 2)
 
 
 def test_scores_on_a_scripted_loss_sequence() -> None:
@@ -173,11 +184,11 @@ def test_scores_on_a_scripted_loss_sequence() -> None:
     b0, b1 = torch.tensor([1, 1, 0]).bool(), torch.tensor([0, 1, 1]).bool()
     e = torch.zeros(3)
     # v = 4: ℓ3+ℓ4 vs ℓ1+ℓ2: (2+1)/2 − (4+3)/2 = −2 ≤ 0 -> keep β0, held rows +1   -> [1, 1, 0]
-    e = fedbiad.score_update(losses[1:5], b0, b0, e)
+    e = score_update(losses[1:5], b0, b0, e)
     # v = 6: (1.5+2.5)/2 − (2+1)/2 = 0.5 > 0 -> resampled to β1, held rows gain β1 -> [1, 2, 0]
-    e = fedbiad.score_update(losses[3:7], b0, b1, e)
+    e = score_update(losses[3:7], b0, b1, e)
     # v = 8: (2+1)/2 − (1.5+2.5)/2 = −0.5 ≤ 0 -> β1 kept, rows 1, 2 gain 1         -> [1, 3, 1]
-    e = fedbiad.score_update(losses[5:9], b1, b1, e)
+    e = score_update(losses[5:9], b1, b1, e)
     assert e.tolist() == [1.0, 3.0, 1.0]
 
 
@@ -204,7 +215,7 @@ def test_client_scores_persist_and_count_check_points(fed: FederatedTensors) -> 
 def test_posterior_variance_eq13_on_mnist_sizes() -> None:
     # The paper's MNIST MLP 784-128-10: d = 784, D = 128, L = 2, B = 2, p = 0.2, J = 138 rows
     # (S = 0.8·138·128 = 14131.2), one round (r = 1) of V = 20 iterations, min |D_k| = 50.
-    s2 = fedbiad.posterior_variance(S=0.8 * 138 * 128, m=1 * 20 * 50, d=784, D=128, L=2, B=2)
+    s2 = posterior_variance(S=0.8 * 138 * 128, m=1 * 20 * 50, d=784, D=128, L=2, B=2)
     bd = 2 * 128
     brace = (784 + 1 + 1 / (bd - 1)) ** 2 + 1 / (bd**2 - 1) + 2 / (bd - 1) ** 2
     want = 0.8 * 138 * 128 / (16 * 1000 * 784**2) / math.log(3 * 128) * (2 * bd) ** -4 / brace
@@ -212,12 +223,12 @@ def test_posterior_variance_eq13_on_mnist_sizes() -> None:
     assert s2 == pytest.approx(5.70e-24, rel=1e-2)
     # At the last round (r = 60) it is ~1e-25; the spec's "about 1e-28" needs m ≈ 6e7. Either
     # way s̃ ≈ 1e-12 is far below fp32's resolution of weights of size ~1e-2.
-    late = fedbiad.posterior_variance(S=0.8 * 138 * 128, m=60 * 20 * 50, d=784, D=128, L=2, B=2)
+    late = posterior_variance(S=0.8 * 138 * 128, m=60 * 20 * 50, d=784, D=128, L=2, B=2)
     assert 1e-30 < late < 1e-24
     assert torch.equal(torch.tensor(0.01) + math.sqrt(late), torch.tensor(0.01))
     # and on the model: the same inputs read off a 784-128-10 MLP
     mlp = build_model("mlp", input_shape=(784,), num_classes=10, hidden=[128])
-    got = fedbiad.model_variance(mlp, p=0.2, B=2, d=784, round_=1, steps=20, n=50)
+    got = model_variance(mlp, p=0.2, B=2, d=784, round_=1, steps=20, n=50)
     assert got == pytest.approx(s2, rel=1e-12)
 
 
@@ -226,13 +237,10 @@ def test_posterior_variance_eq13_on_mnist_sizes() -> None:
 
 def test_top_rows_picks_highest_scores_and_breaks_ties_at_random() -> None:
     g = torch.Generator().manual_seed(0)
-    assert fedbiad.top_rows(torch.tensor([3.0, 1.0, 3.0, 0.0, 2.0]), 2, g).tolist() == [
+    assert top_rows(torch.tensor([3.0, 1.0, 3.0, 0.0, 2.0]), 2, g).tolist() == [
         True, False, True, False, False,
     ]  # fmt: skip
-    picks = {
-        tuple(fedbiad.top_rows(torch.tensor([1.0, 1.0, 1.0, 0.0]), 2, g).tolist())
-        for _ in range(30)
-    }
+    picks = {tuple(top_rows(torch.tensor([1.0, 1.0, 1.0, 0.0]), 2, g).tolist()) for _ in range(30)}
     assert all(p[3] is False and sum(p) == 2 for p in picks) and len(picks) == 3
 
 
@@ -296,7 +304,7 @@ def test_ledger_through_the_loop(fed: FederatedTensors) -> None:
 
 def _hand_uplinks(model: nn.Module, prev: dict[str, torch.Tensor]) -> list[Uplink]:
     """Clients A and B end local training at ``a`` and ``b``; they upload ``U_k − U_{r−1}``."""
-    specs = fedbiad.row_specs(model, True)
+    specs = row_specs(model, True)
     a = {"0.weight": torch.tensor([[2.0], [4.0], [-7.0]]), "0.bias": torch.tensor([0.5, 1.5, -7.0])}
     b = {"0.weight": torch.tensor([[6.0], [-9.0], [-9.0]]), "0.bias": torch.tensor([2.5, -9, -9])}
     beta_a = {"0": torch.tensor([True, True, False])}
@@ -304,8 +312,8 @@ def _hand_uplinks(model: nn.Module, prev: dict[str, torch.Tensor]) -> list[Uplin
     delta_a = {k: a[k] - prev[k] for k in a}
     delta_b = {k: b[k] - prev[k] for k in b}
     return [
-        Uplink(0, 1, fedbiad.encode_upload(delta_a, specs, beta_a).decode()),
-        Uplink(1, 3, fedbiad.encode_upload(delta_b, specs, beta_b).decode()),
+        Uplink(0, 1, encode_upload(delta_a, specs, beta_a).decode()),
+        Uplink(1, 3, encode_upload(delta_b, specs, beta_b).decode()),
     ]
 
 
@@ -365,10 +373,10 @@ def test_momentum_and_weight_decay_path_trains_the_kept_rows_only(fed: Federated
 def test_kl_weight_by_hand() -> None:
     # |D_k| = 56 examples, round 3, V = 20 local steps, α = 0.5
     client = fedbiad.Config(alpha=0.5, kl_samples="client")
-    assert fedbiad.kl_weight(client, 56, 3, 20) == pytest.approx(1 / 28)  # 1/(α·|D_k|)
+    assert kl_weight(client, 56, 3, 20) == pytest.approx(1 / 28)  # 1/(α·|D_k|)
     seen = fedbiad.Config(alpha=0.5)  # the default: Theorem 1's m_r = r·V·|D_k|
-    assert fedbiad.kl_weight(seen, 56, 3, 20) == pytest.approx(1 / (0.5 * 3 * 20 * 56))
-    assert fedbiad.kl_weight(fedbiad.Config(kl=False), 56, 3, 20) == 0.0
+    assert kl_weight(seen, 56, 3, 20) == pytest.approx(1 / (0.5 * 3 * 20 * 56))
+    assert kl_weight(fedbiad.Config(kl=False), 56, 3, 20) == 0.0
     with pytest.raises(ValidationError):
         fedbiad.Config(kl_samples="all")  # type: ignore[arg-type]
 
@@ -384,12 +392,12 @@ def test_next_columns_averages_a_dropped_rows_readers_over_its_holders(
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=(1, 1, 3), num_classes=2, hidden=[2])
     prev = _params(model)
-    specs = fedbiad.row_specs(model, False)
+    specs = row_specs(model, False)
     cfg = fedbiad.Config(drop_output_layer=False, next_columns=next_columns)  # type: ignore[arg-type]
     alg = build_algorithm(cfg)
     state = alg.init_server(prev, RoundContext(0, torch.Generator(), 0, model))
     uplinks = [
-        Uplink(k, n, fedbiad.encode_upload(
+        Uplink(k, n, encode_upload(
             {name: torch.full_like(t, up) for name, t in prev.items()}, specs,
             {"fc1": torch.tensor(keep)}).decode())
         for k, (n, up, keep) in enumerate([(1, 8.0, [True, False]), (3, 4.0, [True, True])])

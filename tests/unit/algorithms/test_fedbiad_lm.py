@@ -16,6 +16,9 @@ from fedcomm.algorithms import build_algorithm
 from fedcomm.algorithms.core import ClientContext, ClientData, ClientResult, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig, cross_entropy
 from fedcomm.algorithms.fedbiad import algorithm as fedbiad
+from fedcomm.algorithms.fedbiad.bayes import KL_COEF, likelihood_terms
+from fedcomm.algorithms.fedbiad.rows import random_pattern, recurrent_matrix, row_specs
+from fedcomm.algorithms.fedbiad.server import encode_upload
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
@@ -70,9 +73,9 @@ def _client(
 
 
 def test_likelihood_terms_count_every_target() -> None:
-    assert fedbiad.likelihood_terms(torch.zeros(6, dtype=torch.long)) == 6  # labels (n,)
-    assert fedbiad.likelihood_terms(torch.zeros(6, 5, dtype=torch.long)) == 30  # tokens (n, T)
-    assert fedbiad.likelihood_terms(torch.zeros(0, 5, dtype=torch.long)) == 0
+    assert likelihood_terms(torch.zeros(6, dtype=torch.long)) == 6  # labels (n,)
+    assert likelihood_terms(torch.zeros(6, 5, dtype=torch.long)) == 30  # tokens (n, T)
+    assert likelihood_terms(torch.zeros(0, 5, dtype=torch.long)) == 0
 
 
 @pytest.mark.parametrize(("alpha", "kl"), [(0.5, True), (1.0, True), (0.5, False)])
@@ -89,7 +92,7 @@ def test_kl_coef_is_one_over_alpha_times_target_count(alpha: float, kl: bool) ->
     for model, data, terms in ((_lstm(), tokens, 30), (_mlp(), images, 6)):
         job = alg.client_job(_params(model), fedbiad.ClientState(), data, _ctx(model, local))
         want = 1.0 / (alpha * terms) if kl else 0.0
-        assert float(job.frozen[fedbiad.KL_COEF]) == pytest.approx(want, rel=1e-6)
+        assert float(job.frozen[KL_COEF]) == pytest.approx(want, rel=1e-6)
 
 
 def test_one_lm_step_applies_the_per_token_kl_by_hand() -> None:
@@ -152,9 +155,7 @@ def test_backends_agree_on_next_token_data() -> None:
 
 def test_lstm_rows_selects_the_recurrent_matrices() -> None:
     model = _lstm(layers=2)
-    names = {
-        lr: [s.name for s in fedbiad.row_specs(model, True, lr)] for lr in ("hh", "ih", "both")
-    }
+    names = {lr: [s.name for s in row_specs(model, True, lr)] for lr in ("hh", "ih", "both")}
     assert names["hh"] == ["embedding", "lstm.weight_hh_l0", "lstm.weight_hh_l1", "decoder"]
     assert names["ih"] == ["embedding", "lstm.weight_ih_l0", "lstm.weight_ih_l1", "decoder"]
     assert names["both"] == [
@@ -165,7 +166,7 @@ def test_lstm_rows_selects_the_recurrent_matrices() -> None:
         "lstm.weight_hh_l1",
         "decoder",
     ]
-    assert [s.name for s in fedbiad.row_specs(model, False)] == [
+    assert [s.name for s in row_specs(model, False)] == [
         "embedding", "lstm.weight_hh_l0", "lstm.weight_hh_l1",
     ]  # fmt: skip
     assert fedbiad.Config().lstm_rows == "hh"
@@ -173,7 +174,7 @@ def test_lstm_rows_selects_the_recurrent_matrices() -> None:
         fedbiad.Config(lstm_rows="all")
     # a bidirectional GRU's matrices are recurrent matrices too
     gru = nn.Sequential(nn.GRU(3, 4, bidirectional=True), nn.Linear(8, 2))
-    got = {s.name: fedbiad.recurrent_matrix(s) for s in fedbiad.row_specs(gru, True, "both")}
+    got = {s.name: recurrent_matrix(s) for s in row_specs(gru, True, "both")}
     assert got == {
         "0.weight_ih_l0": "ih",
         "0.weight_hh_l0": "hh",
@@ -181,7 +182,7 @@ def test_lstm_rows_selects_the_recurrent_matrices() -> None:
         "0.weight_hh_l0_reverse": "hh",
         "1": None,
     }
-    assert [s.name for s in fedbiad.row_specs(gru, True, "hh")] == [
+    assert [s.name for s in row_specs(gru, True, "hh")] == [
         "0.weight_hh_l0", "0.weight_hh_l0_reverse", "1",
     ]  # fmt: skip
 
@@ -243,9 +244,9 @@ def test_paper_lstm_upload_at_half_dropout() -> None:
     params = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
 
     def upload(drop_output_layer: bool, lstm_rows: str) -> int:
-        specs = fedbiad.row_specs(model, drop_output_layer, lstm_rows)  # type: ignore[arg-type]
-        beta = fedbiad.random_pattern(specs, 0.5, torch.Generator().manual_seed(0))
-        return fedbiad.encode_upload(params, specs, beta).nbits().total
+        specs = row_specs(model, drop_output_layer, lstm_rows)  # type: ignore[arg-type]
+        beta = random_pattern(specs, 0.5, torch.Generator().manual_seed(0))
+        return encode_upload(params, specs, beta).nbits().total
 
     assert upload(True, "hh") == upload(True, "ih") == bits["hh"]
     assert math.isclose(32 * n / upload(False, "both"), 1.42, abs_tol=0.005)
@@ -254,7 +255,7 @@ def test_paper_lstm_upload_at_half_dropout() -> None:
 def test_mlp_is_unaffected_by_lstm_rows() -> None:
     data = digits_federation(6).train[0]
     local = LocalConfig(steps=4, batch_size=8)
-    specs = {lr: fedbiad.row_specs(_mlp(), True, lr) for lr in ("hh", "ih", "both")}
+    specs = {lr: row_specs(_mlp(), True, lr) for lr in ("hh", "ih", "both")}
     assert specs["hh"] == specs["ih"] == specs["both"]
     assert [s.name for s in specs["hh"]] == ["fc1", "fc2"]
     runs = {

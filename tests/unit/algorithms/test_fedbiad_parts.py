@@ -13,6 +13,7 @@ from torch import nn
 from fedcomm.algorithms.core import Uplink
 from fedcomm.algorithms.fedbiad import bayes, server
 from fedcomm.algorithms.fedbiad import rows as rows_
+from fedcomm.algorithms.submodel.units import keep_ranked, score_ranking
 from fedcomm.models import build_model
 
 
@@ -37,12 +38,12 @@ def test_stage_two_is_the_top_rows_of_each_layer_drawn_in_layer_order() -> None:
 
 def test_score_ranking_orders_by_score_and_keep_ranked_keeps_its_head() -> None:
     scores = torch.tensor([0.0, 5.0, 1.0, 5.0, 3.0])
-    ranking = rows_.score_ranking(scores, torch.Generator().manual_seed(0))
+    ranking = score_ranking(scores, torch.Generator().manual_seed(0))
     assert sorted(ranking.tolist()) == [0, 1, 2, 3, 4]
     assert scores[ranking].tolist() == [5.0, 5.0, 3.0, 1.0, 0.0]
-    assert rows_.keep_ranked(ranking, 3, 5).tolist() == [False, True, False, True, True]
+    assert keep_ranked(ranking, 3, 5).tolist() == [False, True, False, True, True]
     seen = {
-        tuple(rows_.score_ranking(scores, torch.Generator().manual_seed(s))[:2].tolist())
+        tuple(score_ranking(scores, torch.Generator().manual_seed(s))[:2].tolist())
         for s in range(20)
     }
     assert seen == {(1, 3), (3, 1)}  # the tie at 5 broken both ways

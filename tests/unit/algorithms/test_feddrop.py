@@ -13,6 +13,9 @@ from torch import Tensor, nn
 from fedcomm.algorithms import build_algorithm, fedavg, feddrop, submodel
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.submodel.codec import decode_kept, keep_masks
+from fedcomm.algorithms.submodel.merge import aggregate
+from fedcomm.algorithms.submodel.units import drop_counts, param_masks, unit_layers
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.server_opt import ServerOptConfig
@@ -44,8 +47,8 @@ def _run(
 
 
 def test_selection_is_exact_count_replayable_and_per_client() -> None:
-    layers = feddrop.unit_layers(_mlp([40, 20]))
-    counts = feddrop.drop_counts(layers, conv_rate=0.1, fc_rate=0.3, drop_output=False)
+    layers = unit_layers(_mlp([40, 20]))
+    counts = drop_counts(layers, conv_rate=0.1, fc_rate=0.3, drop_output=False)
     assert counts == {"fc1": 12, "fc2": 6, "fc3": 0}  # round(0.3·40), round(0.3·20), output kept
     keep = feddrop.select_units(layers, counts, seed=3, round_=5, client_id=2)
     assert {k: int((~m).sum()) for k, m in keep.items()} == counts
@@ -54,10 +57,10 @@ def test_selection_is_exact_count_replayable_and_per_client() -> None:
     for other in ((3, 5, 1), (3, 6, 2), (4, 5, 2)):  # another client, round or seed
         drawn = feddrop.select_units(layers, counts, *other)
         assert not torch.equal(drawn["fc1"], keep["fc1"])
-    with_output = feddrop.drop_counts(layers, 0.1, 0.3, drop_output=True)
+    with_output = drop_counts(layers, 0.1, 0.3, drop_output=True)
     assert with_output["fc3"] == 3
-    tiny = feddrop.unit_layers(_mlp([2]))
-    assert feddrop.drop_counts(tiny, 0.1, 0.9, False)["fc1"] == 1  # round(1.8) -> keep one unit
+    tiny = unit_layers(_mlp([2]))
+    assert drop_counts(tiny, 0.1, 0.9, False)["fc1"] == 1  # round(1.8) -> keep one unit
 
 
 def test_rates_are_validated() -> None:
@@ -70,7 +73,7 @@ def test_conv_to_fc_flatten_mapping_and_sub_network_equivalence() -> None:
     torch.manual_seed(0)
     model = build_model("cnn", input_shape=(3, 32, 32), num_classes=10, channels=[4, 6], hidden=8)
     params = _params(model)
-    layers = feddrop.unit_layers(model)
+    layers = unit_layers(model)
     assert [(s.name, s.kind, s.count) for s in layers] == [
         ("conv1", "filter", 4),
         ("conv2", "filter", 6),
@@ -79,7 +82,7 @@ def test_conv_to_fc_flatten_mapping_and_sub_network_equivalence() -> None:
     ]
     keep = {s.name: torch.ones(s.count, dtype=torch.bool) for s in layers}
     keep["conv1"][1] = keep["conv2"][2] = keep["fc1"][3] = False
-    m = feddrop.param_masks(layers, keep, params)
+    m = param_masks(layers, keep, params)
     assert not m["conv1.weight"][1].any() and not m["conv1.bias"][1]
     assert not m["conv2.weight"][:, 1].any() and not m["conv2.weight"][2].any()
     assert not m["fc1.weight"][:, 50:75].any()  # conv2 filter 2 -> fc1 inputs [2·25, 3·25)
@@ -128,12 +131,12 @@ def test_dropped_entries_stay_zero_and_unheld_entries_are_untouched(
     for round_ in (1, 2):  # one client a round: half of fc1 is held by nobody
         rctx = RoundContext(round_, torch.Generator(), 1, model)
         down = alg.broadcast(state, 0, None, rctx).decode()
-        keep = feddrop.keep_masks(down)
+        keep = keep_masks(down)
         cctx = ClientContext(round_, 0, model, LocalConfig(lr=0.1, momentum=0.9), rctx.generator)
         res = alg.client_update(down, None, fed.train[0], cctx)
         for k, m in keep.items():
             assert torch.equal(res.local_params[k][~m], torch.zeros(int((~m).sum())))
-            assert not torch.equal(res.local_params[k][m], feddrop.decode_kept(down)[k][m])
+            assert not torch.equal(res.local_params[k][m], decode_kept(down)[k][m])
         uplink = Uplink(0, res.num_examples, res.uplink.decode())
         new = alg.server_update(state, [uplink], rctx)
         for k, m in keep.items():  # round 2: Adam has momentum, yet unheld entries stay put
@@ -146,13 +149,13 @@ def test_aggregate_held_and_all_by_hand() -> None:
     ones, first = torch.tensor([True, True]), torch.tensor([True, False])
     deltas = [{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 0.0])}]
     masks = [{"w": ones}, {"w": first}]
-    held, any_held = feddrop.aggregate(deltas, masks, [1.0, 3.0], "held")
+    held, any_held = aggregate(deltas, masks, [1.0, 3.0], "held")
     # entry 0, held by both: (1·1 + 3·3)/4 = 2.5; entry 1, only client 0 holds it: 2
     assert held["w"].tolist() == pytest.approx([2.5, 2.0])
-    all_, _ = feddrop.aggregate(deltas, masks, [1.0, 3.0], "all")
+    all_, _ = aggregate(deltas, masks, [1.0, 3.0], "all")
     assert all_["w"].tolist() == pytest.approx([2.5, 0.5])  # entry 1: 1·2 / (1 + 3)
     assert any_held["w"].tolist() == [True, True]
-    _, nobody = feddrop.aggregate(deltas, [{"w": first}, {"w": first}], [1.0, 1.0], "held")
+    _, nobody = aggregate(deltas, [{"w": first}, {"w": first}], [1.0, 1.0], "held")
     assert nobody["w"].tolist() == [True, False]
 
 
@@ -205,7 +208,7 @@ def test_rescale_scales_kept_hidden_units_in_training_and_the_local_model() -> N
     layer's weight and bias by its kept share (fc_rate 0.5: x2), never the output layer's; the
     local model (local accuracy) is the trained sub-model as it trained, scaled the same way."""
     model = _mlp([40, 20])
-    layers = feddrop.unit_layers(model)
+    layers = unit_layers(model)
     cfg = feddrop.Config(fc_rate=0.5, rescale=True)
     assert feddrop.keep_shares(cfg, layers) == {"fc1": 0.5, "fc2": 0.5, "fc3": 1.0}
     ones = {k: torch.ones_like(v) for k, v in _params(model).items()}
@@ -228,8 +231,8 @@ def test_rescale_scales_kept_hidden_units_in_training_and_the_local_model() -> N
         runs[rescale] = (alg, down, alg.client_update(down, None, fed.train[2], cctx))
     (_, _, plain), (alg, down, res) = runs[False], runs[True]
     assert not torch.equal(plain.local_params["fc1.weight"], res.local_params["fc1.weight"])
-    trained = feddrop.decode_kept(down)  # the sub-model plus its delta = the trained weights
-    delta = feddrop.decode_kept(res.uplink.decode())
+    trained = decode_kept(down)  # the sub-model plus its delta = the trained weights
+    delta = decode_kept(res.uplink.decode())
     for k in ("fc1.weight", "fc2.bias", "fc3.weight"):
         factor = 1.0 if k.startswith("fc3") else 2.0
         torch.testing.assert_close(res.local_params[k], factor * (trained[k] + delta[k]))

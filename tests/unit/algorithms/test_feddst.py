@@ -17,6 +17,8 @@ from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.algorithms.feddst import algorithm as feddst
+from fedcomm.algorithms.feddst.client import ClientState
+from fedcomm.algorithms.feddst.readjust import DEFAULT_READJUST_END, Readjustment, readjust
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
@@ -130,14 +132,14 @@ GRAD = {"w": torch.tensor([0.0, 0.8, 0.7, 0.1, 0.2, 0.6])}
 
 def test_readjust_grows_inactive_entries_to_exactly_the_budget() -> None:
     # keep |0.9|, |−0.5|; the inactive pool {2, 3, 4, 5} has |g| 0.7, 0.1, 0.2, 0.6: grow 2 and 5
-    params, masks = feddst.readjust(THETA, MASK, GRAD, {"w": 2}, {"w": 4}, "inactive")
+    params, masks = readjust(THETA, MASK, GRAD, {"w": 2}, {"w": 4}, "inactive")
     assert masks["w"].tolist() == [True, True, True, False, False, True]
     assert params["w"].tolist() == pytest.approx([0.9, -0.5, 0, 0, 0, 0])  # grown: start at 0
 
 
 def test_readjust_over_all_entries_may_reset_active_ones_and_end_below_budget() -> None:
     # the code: top-2 |g| over the whole layer = entries 1 (active, reset to 0) and 2
-    params, masks = feddst.readjust(THETA, MASK, GRAD, {"w": 2}, {"w": 4}, "all")
+    params, masks = readjust(THETA, MASK, GRAD, {"w": 2}, {"w": 4}, "all")
     assert masks["w"].tolist() == [True, True, True, False, False, False]
     assert params["w"].tolist() == pytest.approx([0.9, 0, 0, 0, 0, 0])
 
@@ -150,10 +152,10 @@ def test_client_readjustment_keeps_exactly_the_layer_budgets(
     cfg = feddst.Config(alpha=0.5, grow_candidates="inactive", readjust_at_epoch=at_epoch)
     alg = build_algorithm(cfg)
     server = alg.init_server(_params(model), RoundContext(0, torch.Generator(), 0, model))
-    down = alg.broadcast(server, 0, feddst.ClientState(), RoundContext(1, torch.Generator()))
+    down = alg.broadcast(server, 0, ClientState(), RoundContext(1, torch.Generator()))
     local = LocalConfig(epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
     ctx = ClientContext(1, 0, model, local, torch.Generator().manual_seed(0))
-    res = alg.client_update(down.decode(), feddst.ClientState(), fed.train[0], ctx)
+    res = alg.client_update(down.decode(), ClientState(), fed.train[0], ctx)
     params, masks = _masks.decode(res.uplink.decode())
     assert {k: int(m.sum()) for k, m in masks.items()} == dict(server.budgets)
     assert not torch.equal(masks["fc1.weight"], server.masks["fc1.weight"])  # it moved
@@ -205,18 +207,18 @@ def test_server_sparse_average_and_union_prune_by_hand() -> None:
 
 
 def test_schedule_readjusts_every_delta_r_rounds_until_the_end() -> None:
-    gate = feddst.Readjustment(alpha=0.5, every=3, end=8)
+    gate = Readjustment(alpha=0.5, every=3, end=8)
     assert [r for r in range(1, 12) if gate.due(r)] == [1, 4, 7]
     assert gate.alpha_at(4) == 0.5 and gate.alpha_at(8) == 0.0
-    cosine = feddst.Readjustment(alpha=0.5, every=3, end=8, schedule="cosine")
+    cosine = Readjustment(alpha=0.5, every=3, end=8, schedule="cosine")
     assert cosine.alpha_at(4) == pytest.approx(0.25)  # α/2·(1 + cos(π·4/8))
-    assert not feddst.Readjustment(alpha=0.0).due(1)
+    assert not Readjustment(alpha=0.0).due(1)
 
 
 def test_readjust_end_defaults_and_with_rounds() -> None:
     assert feddst.Config().with_rounds(400).readjust_end == 200
     assert feddst.Config(readjust_end=7).with_rounds(400).readjust_end == 7
-    assert feddst.DEFAULT_READJUST_END == 200
+    assert DEFAULT_READJUST_END == 200
 
 
 def _run(
@@ -281,7 +283,7 @@ def test_counting_rule_through_the_payloads(fed: FederatedTensors) -> None:
     n_m = sum(m.numel() for m in server.masks.values())  # 64·16 + 16·10 = 1184
     nnz = sum(server.budgets.values())
     n_b = 16 + 10  # biases
-    fresh, synced = feddst.ClientState(), feddst.ClientState(server.digest)
+    fresh, synced = ClientState(), ClientState(server.digest)
     r1, r2 = RoundContext(1, torch.Generator()), RoundContext(2, torch.Generator())
     assert n_m == 1184
     # down, round 1: values are the seed (free), mask bits paid (clients start all ones)
@@ -292,7 +294,7 @@ def test_counting_rule_through_the_payloads(fed: FederatedTensors) -> None:
     charged = build_algorithm(feddst.Config(free_initial_download=False))
     assert _bits(charged.broadcast(server, 0, fresh, r1)) == 32 * (nnz + n_b) + n_m
 
-    def upload(round_: int, algorithm: object = alg) -> tuple[int, int, feddst.ClientState]:
+    def upload(round_: int, algorithm: object = alg) -> tuple[int, int, ClientState]:
         down = algorithm.broadcast(server, 0, fresh, RoundContext(round_, torch.Generator()))  # type: ignore[attr-defined]
         local = LocalConfig(epochs=1, batch_size=16, lr=0.1)
         ctx = ClientContext(round_, 0, model, local, torch.Generator().manual_seed(0))

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from fedcomm.algorithms import build_algorithm, fedavg, feddrop, fedmp
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.submodel.codec import encode_kept, keep_masks
+from fedcomm.algorithms.submodel.units import drop_counts, param_masks, unit_layers
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Mask
 from fedcomm.models import build_model
@@ -46,7 +48,7 @@ def _run(
 
 def test_prunes_the_smallest_l1_units_by_hand() -> None:
     model = _mlp([4], input_shape=(1, 1, 2), classes=3)  # 2 -> 4 -> 3
-    layers = feddrop.unit_layers(model)
+    layers = unit_layers(model)
     params = {
         # row L1 norms incl. bias: 3, 1, 4, 1 (units 1 and 3 tie: the lower index goes first)
         "fc1.weight": torch.tensor([[1.0, -1.0], [0.5, 0.0], [-2.0, 1.0], [0.0, -0.5]]),
@@ -60,7 +62,7 @@ def test_prunes_the_smallest_l1_units_by_hand() -> None:
     assert keep["fc1"].tolist() == [True, False, True, False]
     assert keep["fc2"].all()
     assert fedmp.prune_units(layers, params, 0.25)["fc1"].tolist() == [True, False, True, True]
-    masks = feddrop.param_masks(layers, keep, params)  # pruned units take the next inputs along
+    masks = param_masks(layers, keep, params)  # pruned units take the next inputs along
     assert not masks["fc1.weight"][[1, 3]].any() and not masks["fc1.bias"][[1, 3]].any()
     assert not masks["fc2.weight"][:, [1, 3]].any() and masks["fc2.weight"][:, [0, 2]].all()
 
@@ -82,20 +84,16 @@ def test_server_update_is_the_r2sp_average() -> None:
     alg = build_algorithm(fedmp.Config())
     rctx = RoundContext(1, torch.Generator(), 0, model)
     state = alg.init_server(params, rctx)
-    layers = feddrop.unit_layers(model)
+    layers = unit_layers(model)
     g = torch.Generator().manual_seed(1)
     subs, keeps, ups = [], [], []
     for cid, (n, p) in enumerate([(2, 0.5), (5, 0.2)]):  # two different sub-models
-        unit_keep = feddrop.select_units(
-            layers, feddrop.drop_counts(layers, p, p, False), 0, 1, cid
-        )
-        keep = feddrop.param_masks(layers, unit_keep, params)
+        unit_keep = feddrop.select_units(layers, drop_counts(layers, p, p, False), 0, 1, cid)
+        keep = param_masks(layers, unit_keep, params)
         delta = {k: torch.randn(v.shape, generator=g) * keep[k] for k, v in params.items()}
         subs.append({k: params[k] * keep[k] + delta[k] for k in params})
         keeps.append(keep)
-        ups.append(
-            Uplink(cid, n, {k: e.decode() for k, e in feddrop.encode_kept(delta, keep).items()})
-        )
+        ups.append(Uplink(cid, n, {k: e.decode() for k, e in encode_kept(delta, keep).items()}))
     new = alg.server_update(state, ups, rctx)
     want = fedmp.r2sp(params, subs, keeps, [2.0, 5.0])
     for k in params:
@@ -110,9 +108,9 @@ def test_client_trains_the_pruned_sub_model(fed: FederatedTensors) -> None:
     payload = alg.broadcast(alg.init_server(params, rctx), 1, None, rctx)
     assert isinstance(payload["unit/fc1"], Mask)
     down = payload.decode()
-    want = fedmp.prune_units(feddrop.unit_layers(model), params, 0.25)
+    want = fedmp.prune_units(unit_layers(model), params, 0.25)
     assert torch.equal(down["unit/fc1"], want["fc1"]) and int((~want["fc1"]).sum()) == 4
-    keep = feddrop.keep_masks(down)
+    keep = keep_masks(down)
     cctx = ClientContext(
         1, 1, model, LocalConfig(steps=3, lr=0.1), torch.Generator().manual_seed(0)
     )

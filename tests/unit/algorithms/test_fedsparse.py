@@ -14,6 +14,9 @@ from fedcomm.algorithms.core import RoundContext
 from fedcomm.algorithms.core.grouped import decode_groups, encode_groups, entry_masks
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.algorithms.fedsparse import algorithm as fedsparse
+from fedcomm.algorithms.fedsparse.gates import L0_SHIFT, gate_logits, hard_concrete
+from fedcomm.algorithms.fedsparse.local import NOISE, input_gated, layer_of, step_noise
+from fedcomm.algorithms.fedsparse.server import v_gradient, weight_gradient
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.data.datasets.registry import load_dataset
@@ -51,11 +54,11 @@ def test_hard_concrete_range_and_closed_form_probability() -> None:
     g = torch.Generator().manual_seed(0)
     for log_alpha in (-3.0, -1.0, 0.0, 2.0):
         u = torch.rand(200_000, generator=g).clamp(1e-6, 1 - 1e-6)
-        z = fedsparse.hard_concrete(torch.full_like(u, log_alpha), u)
+        z = hard_concrete(torch.full_like(u, log_alpha), u)
         assert float(z.min()) >= 0.0 and float(z.max()) <= 1.0
-        expected = torch.sigmoid(torch.tensor(log_alpha + fedsparse.L0_SHIFT)).item()
+        expected = torch.sigmoid(torch.tensor(log_alpha + L0_SHIFT)).item()
         assert float((z > 0).float().mean()) == pytest.approx(expected, abs=5e-3)
-    assert pytest.approx(1.599, abs=1e-3) == fedsparse.L0_SHIFT
+    assert pytest.approx(1.599, abs=1e-3) == L0_SHIFT
 
 
 def test_closed_form_v_gradient_equals_autograd() -> None:
@@ -69,7 +72,7 @@ def test_closed_form_v_gradient_equals_autograd() -> None:
         [(z * theta.log() + (~z) * (1 - theta).log()).sum() for z in zs]
     ).mean()  # mean_s Σ_g z log θ + (1 − z) log(1 − θ), an ascent objective
     (auto,) = torch.autograd.grad(objective, v_leaf)
-    closed = fedsparse.v_gradient(zs, theta.detach(), v, T)
+    closed = v_gradient(zs, theta.detach(), v, T)
     torch.testing.assert_close(closed, auto, rtol=1e-5, atol=1e-6)
 
 
@@ -194,8 +197,7 @@ def test_initial_theta_and_server_gate_direction() -> None:
 
     model, alg, state = _hand_model()
     theta = {
-        s.name: torch.sigmoid(fedsparse.gate_logits(state.params, state.v, s, 1e-3))
-        for s in state.specs
+        s.name: torch.sigmoid(gate_logits(state.params, state.v, s, 1e-3)) for s in state.specs
     }
     for t in theta.values():
         torch.testing.assert_close(t, torch.full_like(t, 0.99), rtol=0, atol=1e-3)
@@ -242,28 +244,28 @@ def test_step_noise_in_one_draw_equals_the_per_step_draws() -> None:
     params = dict(model.named_parameters())
     g = torch.Generator().manual_seed(7)
     torch.randperm(50, generator=g)  # whatever the client drew before
-    at_once = fedsparse.step_noise(specs, 5, g, params)
+    at_once = step_noise(specs, 5, g, params)
     after = torch.rand(3, generator=g)
     g = torch.Generator().manual_seed(7)
     torch.randperm(50, generator=g)
     for step in at_once:
         for s in specs:
             expected = torch.rand(s.count, generator=g).clamp(1e-6, 1 - 1e-6)
-            assert torch.equal(step[fedsparse.NOISE + s.name], expected)
+            assert torch.equal(step[NOISE + s.name], expected)
     assert torch.equal(torch.rand(3, generator=g), after)  # the stream continues as before
-    assert fedsparse.step_noise(specs, 0, g, params) == []
+    assert step_noise(specs, 0, g, params) == []
 
 
 def test_input_gating_is_chosen_where_the_input_is_smaller_than_the_weight() -> None:
     model = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[128])
     fc1, fc2 = groups(model)  # input features of fc1 (784 -> 128) and fc2 (128 -> 10)
-    assert fedsparse.layer_of(fc1) == "fc1"
-    assert fedsparse.input_gated(model, fc1, rows=10)  # 10 x 784 input < 128 x 784 weight
-    assert not fedsparse.input_gated(model, fc1, rows=128)
-    assert not fedsparse.input_gated(model, fc2, rows=10)  # 10 outputs: no cheaper
+    assert layer_of(fc1) == "fc1"
+    assert input_gated(model, fc1, rows=10)  # 10 x 784 input < 128 x 784 weight
+    assert not input_gated(model, fc1, rows=128)
+    assert not input_gated(model, fc2, rows=10)  # 10 outputs: no cheaper
     cnn = build_model("cnn", input_shape=(1, 28, 28), num_classes=10)
     conv1 = next(s for s in groups(cnn) if s.name == "conv1")
-    assert not fedsparse.input_gated(cnn, conv1, rows=1)  # filters: gated on the weight
+    assert not input_gated(cnn, conv1, rows=1)  # filters: gated on the weight
 
 
 @pytest.mark.parametrize("backend", ["sequential", "vectorized"])
@@ -321,7 +323,7 @@ def test_server_weight_gradient_equals_the_per_client_form() -> None:
         uploads.append(up)
         zs.append(z)
     weights = torch.tensor([0.1, 0.4, 0.3, 0.2])
-    fast = fedsparse.weight_gradient(params, uploads, zs, weights, specs)
+    fast = weight_gradient(params, uploads, zs, weights, specs)
     reference = _weight_gradient_per_client(params, uploads, zs, weights, specs)
     for k in reference:
         assert torch.equal(fast[k], reference[k]), k  # the same products and sums, in order

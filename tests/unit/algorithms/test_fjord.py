@@ -12,10 +12,13 @@ from pydantic import ValidationError
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import build_algorithm, fedavg, feddrop, fjord, heterofl
+from fedcomm.algorithms import build_algorithm, fedavg, fjord
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.submodel.codec import decode_kept, keep_masks
+from fedcomm.algorithms.submodel.merge import nested_aggregate
+from fedcomm.algorithms.submodel.units import slice_masks, unit_layers
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
@@ -74,11 +77,11 @@ def test_client_draws_its_widths_after_its_batches_from_its_generator(
     assert set(widths) == {0.2, 0.5}
     assert res.metrics["fjord/mean_width"] == pytest.approx(sum(widths) / len(widths))
     # replaying the steps with the q sub-model of each batch gives the client's model exactly
-    layers = heterofl.sequential_layers(model, "fjord")
-    sub = feddrop.decode_kept(down)
+    layers = unit_layers(model, "fjord")
+    sub = decode_kept(down)
     live = {k: v.clone() for k, v in sub.items()}
     for idx, q in zip(batches, widths, strict=True):
-        mask = heterofl.slice_masks(layers, q, sub)
+        mask = slice_masks(layers, q, sub)
         live = {k: v.detach().requires_grad_(True) for k, v in live.items()}
         out = torch.func.functional_call(
             model, {k: v * mask[k] for k, v in live.items()}, (data.x[idx],)
@@ -91,7 +94,7 @@ def test_client_draws_its_widths_after_its_batches_from_its_generator(
     for k, v in res.local_params.items():
         torch.testing.assert_close(v, live[k])
     # the 0.5 slice (5 of 10 units) is uploaded; units 2-4 only trained on 0.5-batches
-    keep = feddrop.keep_masks(down)
+    keep = keep_masks(down)
     assert keep["fc1.bias"].tolist() == [True] * 5 + [False] * 5
     assert torch.equal(res.local_params["fc1.weight"][5:], torch.zeros(5, 64))
     assert not torch.equal(res.local_params["fc1.weight"][2:5], sub["fc1.weight"][2:5])
@@ -129,11 +132,11 @@ def test_nested_aggregation_by_hand() -> None:
         {"w": torch.tensor([2.0, 4.0, 6.0, 0.0])},
         {"w": torch.tensor([5.0, 7.0, 0.0, 0.0])},
     ]
-    delta, covered = fjord.nested_aggregate(deltas, masks, [1.0, 3.0, 1.0], levels)
+    delta, covered = nested_aggregate(deltas, masks, [1.0, 3.0, 1.0], levels)
     # entry 0 (level 0): (1·1 + 3·2 + 1·5)/5; entries 1-2 (level 1): client 1 alone; 3: nobody
     assert delta["w"].tolist() == pytest.approx([12 / 5, 4.0, 6.0, 0.0])
     assert covered["w"].tolist() == [t, t, t, f]
-    none_at_top, cov = fjord.nested_aggregate(deltas[:1], masks[:1], [2.0], levels)
+    none_at_top, cov = nested_aggregate(deltas[:1], masks[:1], [2.0], levels)
     assert none_at_top["w"].tolist() == [1.0, 0.0, 0.0, 0.0]
     assert cov["w"].tolist() == [t, f, f, f]
 
@@ -153,7 +156,7 @@ def test_server_leaves_entries_outside_every_slice_untouched(fed: FederatedTenso
         for k, v in res.local_params.items():
             torch.testing.assert_close(rebuilt[k], v)
         ups.append(Uplink(cid, res.num_examples, res.uplink.decode()))
-    keep = feddrop.keep_masks(down)
+    keep = keep_masks(down)
     assert int(keep["fc1.bias"].sum()) == 6 and int(keep["fc2.bias"].sum()) == 4
     new = alg.server_update(state, ups, RoundContext(1, torch.Generator(), 0, model))
     for k, m in keep.items():
@@ -162,7 +165,7 @@ def test_server_leaves_entries_outside_every_slice_untouched(fed: FederatedTenso
     # with one q_max the nested rule is the n_k-weighted mean of the q_max slices
     n = [u.num_examples for u in ups]
     for k, m in keep.items():
-        want = sum(n[i] * (feddrop.decode_kept(ups[i].tensors)[k]) for i in range(2)) / sum(n)
+        want = sum(n[i] * (decode_kept(ups[i].tensors)[k]) for i in range(2)) / sum(n)
         torch.testing.assert_close(new.params[k][m], (state.params[k] + want)[m])
 
 

@@ -12,9 +12,11 @@ from pydantic import ValidationError
 from tests.conftest import digits_federation
 from torch import Tensor, nn
 
-from fedcomm.algorithms import build_algorithm, fedavg, feddrop, heterofl
+from fedcomm.algorithms import build_algorithm, fedavg, heterofl
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.submodel.codec import decode_kept, encode_kept, keep_masks
+from fedcomm.algorithms.submodel.units import first_units, slice_masks, unit_layers, width_units
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.models import build_model
@@ -46,24 +48,24 @@ def _run(
 
 
 def test_width_is_a_robust_ceiling() -> None:
-    assert heterofl.width_units(0.7, 10) == 7  # 0.7·10 = 7.000000000000001 in floating point
-    assert heterofl.width_units(0.5, 3) == 2
-    assert heterofl.width_units(0.8, 16) == 13
-    assert heterofl.width_units(0.01, 4) == 1  # at least one unit
-    assert heterofl.width_units(1.0, 5) == 5
+    assert width_units(0.7, 10) == 7  # 0.7·10 = 7.000000000000001 in floating point
+    assert width_units(0.5, 3) == 2
+    assert width_units(0.8, 16) == 13
+    assert width_units(0.01, 4) == 1  # at least one unit
+    assert width_units(1.0, 5) == 5
 
 
 def test_slice_is_the_first_units_and_the_output_layer_stays_full() -> None:
     model = _mlp([4, 6])
     params = _params(model)
-    layers = heterofl.sequential_layers(model, "heterofl")
-    keep = heterofl.first_units(layers, 0.5)
+    layers = unit_layers(model, "heterofl")
+    keep = first_units(layers, 0.5)
     assert {k: m.tolist() for k, m in keep.items()} == {
         "fc1": [True, True, False, False],
         "fc2": [True, True, True, False, False, False],
         "fc3": [True] * 10,
     }
-    m = heterofl.slice_masks(layers, 0.5, params)
+    m = slice_masks(layers, 0.5, params)
     want = {
         "fc1.weight": (slice(0, 2), slice(0, 64)),
         "fc2.weight": (slice(0, 3), slice(0, 2)),
@@ -82,7 +84,7 @@ def test_conv_slice_reads_the_first_channels_through_the_flatten() -> None:
     torch.manual_seed(0)
     model = build_model("cnn", input_shape=(3, 32, 32), num_classes=10, channels=[4, 6], hidden=8)
     params = _params(model)
-    m = heterofl.slice_masks(heterofl.sequential_layers(model, "heterofl"), 0.5, params)
+    m = slice_masks(unit_layers(model, "heterofl"), 0.5, params)
     assert int(m["conv1.weight"].sum()) == 2 * 3 * 25 and m["conv1.weight"][:2].all()
     assert m["conv2.weight"][:3, :2].all() and int(m["conv2.weight"].sum()) == 3 * 2 * 25
     assert m["fc1.weight"][:4, :75].all() and int(m["fc1.weight"].sum()) == 4 * 75
@@ -126,7 +128,7 @@ def test_rate_one_equals_fedavg_with_count_weighting(fed: FederatedTensors) -> N
 
 
 def _uplink(cid: int, n: int, delta: dict[str, Tensor], keep: dict[str, Tensor]) -> Uplink:
-    return Uplink(cid, n, Payload(feddrop.encode_kept(delta, keep)).decode())
+    return Uplink(cid, n, Payload(encode_kept(delta, keep)).decode())
 
 
 @pytest.mark.parametrize(("weighting", "entry0"), [("count", 2.0), ("num_examples", 2.5)])
@@ -138,9 +140,9 @@ def test_server_averages_per_entry_over_holders_and_keeps_unheld(
     params = _params(model)
     rctx = RoundContext(1, torch.Generator(), 0, model)
     state = alg.init_server(params, rctx)
-    layers = heterofl.sequential_layers(model, "heterofl")
-    half = heterofl.slice_masks(layers, 0.5, params)
-    quarter = heterofl.slice_masks(layers, 0.25, params)
+    layers = unit_layers(model, "heterofl")
+    half = slice_masks(layers, 0.5, params)
+    quarter = slice_masks(layers, 0.25, params)
     ones = {k: torch.ones_like(v) for k, v in params.items()}
     ups = [_uplink(0, 1, ones, half), _uplink(1, 3, {k: 3 * v for k, v in ones.items()}, quarter)]
     new = alg.server_update(state, ups, rctx).params
@@ -161,7 +163,7 @@ def test_training_keeps_the_slice_and_unheld_entries_stay_untouched(
     rctx = RoundContext(1, torch.Generator(), 1, model)
     state = alg.init_server(_params(model), rctx)
     down = alg.broadcast(state, 0, None, rctx).decode()
-    keep = feddrop.keep_masks(down)
+    keep = keep_masks(down)
     assert int(keep["fc1.bias"].sum()) == 8 and bool(keep["fc1.bias"][:8].all())
     cctx = ClientContext(1, 0, model, LocalConfig(lr=0.1, momentum=0.9), torch.Generator())
     res = alg.client_update(down, None, fed.train[0], cctx)
@@ -180,7 +182,7 @@ def test_training_keeps_the_slice_and_unheld_entries_stay_untouched(
 def test_scaler_divides_each_hidden_output_by_the_rate() -> None:
     model = _mlp([5, 3])
     params = _params(model)
-    layers = heterofl.sequential_layers(model, "heterofl")
+    layers = unit_layers(model, "heterofl")
     x = torch.randn(4, 1, 8, 8)
     scaled = heterofl.scaler_map(layers, 0.5)(dict(params))
     got = torch.func.functional_call(model, scaled, (x,))
@@ -206,7 +208,7 @@ def test_scaler_changes_training_but_not_the_message_format(fed: FederatedTensor
 def test_mask_labels_zeroes_absent_logits_and_freezes_their_rows(fed: FederatedTensors) -> None:
     model = _mlp([8])
     params = _params(model)
-    layers = heterofl.sequential_layers(model, "heterofl")
+    layers = unit_layers(model, "heterofl")
     fmap = heterofl.label_mask_map(layers, torch.tensor([1, 3, 3]), params)
     logits = torch.func.functional_call(model, fmap(dict(params)), (torch.randn(2, 1, 8, 8),))
     absent = torch.ones(10, dtype=torch.bool)
@@ -222,7 +224,7 @@ def test_mask_labels_zeroes_absent_logits_and_freezes_their_rows(fed: FederatedT
     down = alg.broadcast(alg.init_server(params, rctx), 0, None, rctx).decode()
     cctx = ClientContext(1, 0, model, LocalConfig(), torch.Generator().manual_seed(0))
     res = alg.client_update(down, None, data, cctx)
-    sub = feddrop.decode_kept(down)
+    sub = decode_kept(down)
     for name in ("fc2.weight", "fc2.bias"):
         assert torch.equal(res.local_params[name][3:], sub[name][3:])
         assert not torch.equal(res.local_params[name][:3], sub[name][:3])

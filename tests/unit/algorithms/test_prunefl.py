@@ -23,7 +23,12 @@ from fedcomm.algorithms.core import (
     WarmStartContext,
 )
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.algorithms.core.masks import apply_masks, density
+from fedcomm.algorithms.core.sparse_train import churn
 from fedcomm.algorithms.prunefl import algorithm as prunefl
+from fedcomm.algorithms.prunefl.client import ClientState, uploaded_model
+from fedcomm.algorithms.prunefl.readjust import is_readjust, prune_fraction, readjust
+from fedcomm.algorithms.prunefl.times import entry_times, maskable
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.models import build_model
@@ -64,7 +69,7 @@ def _round(
     model: nn.Module,
     fed: FederatedTensors,
     state: prunefl.ServerState,
-    cstates: dict[int, prunefl.ClientState],
+    cstates: dict[int, ClientState],
     round_: int,
 ) -> tuple[prunefl.ServerState, list[tuple[Payload, ClientResult]]]:
     """One round over clients 0, 1, 2 without the loop."""
@@ -109,10 +114,10 @@ def _kept(mask: Mapping[str, Tensor]) -> dict[str, list[bool]]:
 def test_readjust_threshold_rule_with_per_layer_times() -> None:
     # p = 0.9: the floor (1 − p)·N = 0.6 forces only the first entry (a0, taken at n = 0 ≤ 0.6).
     # equal times 1, c = 0.2: b0's importance 4/1 < Σg²/(c + Σt) = 9/(0.2 + 1) = 7.5 -> stop.
-    mask = prunefl.readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.9, offset=0.2)
+    mask = readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.9, offset=0.2)
     assert _kept(mask) == {"a": [True, False], "b": [False, False, False, False]}
     # b's entries 10x cheaper: b0's importance 4/0.1 = 40 ≥ 7.5 -> kept; then a1: 1/1 < 13/1.3 = 10
-    mask = prunefl.readjust(GRADS, {"a": 1.0, "b": 0.1}, p=0.9, offset=0.2)
+    mask = readjust(GRADS, {"a": 1.0, "b": 0.1}, p=0.9, offset=0.2)
     assert _kept(mask) == {"a": [True, False], "b": [True, False, False, False]}
     assert mask["b"].shape == (2, 2)
 
@@ -121,26 +126,26 @@ def test_readjust_floor_keeps_more_than_one_minus_p_of_the_entries() -> None:
     # the code's `n_grown <= n_required`: entries are taken while at most (1 − p)·N are kept,
     # so ⌊(1 − p)·N⌋ + 1 are: p = 0.5 -> 3.0 -> 4 kept (a0, b0, a1, b1), though the threshold
     # alone would stop after a0 (as above)
-    mask = prunefl.readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.5, offset=0.2)
+    mask = readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.5, offset=0.2)
     assert _kept(mask) == {"a": [True, True], "b": [True, True, False, False]}
     # p = 0.3 -> 4.2 -> 5 kept: the next in order is b2 (a zero gradient; ties in index order)
-    mask = prunefl.readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.3, offset=0.2)
+    mask = readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.3, offset=0.2)
     assert _kept(mask) == {"a": [True, True], "b": [True, True, True, False]}
-    assert _nnz(prunefl.readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.0, offset=0.2)) == 6
+    assert _nnz(readjust(GRADS, {"a": 1.0, "b": 1.0}, p=0.0, offset=0.2)) == 6
 
 
 def test_readjust_keeps_every_entry_whose_importance_passes_the_threshold() -> None:
     # equal g² = 1 and t = 1: entry n passes since 1 ≥ n/(0.2 + n), so even p = 1 keeps all
     grads = {"a": torch.ones(5), "b": -torch.ones(3)}
-    assert _nnz(prunefl.readjust(grads, {"a": 1.0, "b": 1.0}, p=1.0, offset=0.2)) == 8
+    assert _nnz(readjust(grads, {"a": 1.0, "b": 1.0}, p=1.0, offset=0.2)) == 8
     # with c = 0 the ratio is reached exactly (1 ≥ n/n): still all kept, no 0/0 at n = 0
-    assert _nnz(prunefl.readjust(grads, {"a": 1.0, "b": 1.0}, p=1.0, offset=0.0)) == 8
+    assert _nnz(readjust(grads, {"a": 1.0, "b": 1.0}, p=1.0, offset=0.0)) == 8
 
 
 def test_churn_is_the_fraction_of_flipped_mask_bits() -> None:
     old = {"a": torch.tensor([True, True]), "b": torch.tensor([False, False])}
     new = {"a": torch.tensor([True, False]), "b": torch.tensor([True, False])}
-    assert prunefl.churn(old, new) == 0.5
+    assert churn(old, new) == 0.5
 
 
 # --- schedules and times -----------------------------------------------------------------------
@@ -149,33 +154,33 @@ def test_churn_is_the_fraction_of_flipped_mask_bits() -> None:
 def test_prune_fraction_halves_at_each_federated_readjustment() -> None:
     cfg = prunefl.Config()
     assert cfg.p_initial == 0.3
-    fractions = [prunefl.prune_fraction(cfg, j, 2 + 50 * (j - 1)) for j in (1, 2, 3)]
+    fractions = [prune_fraction(cfg, j, 2 + 50 * (j - 1)) for j in (1, 2, 3)]
     assert fractions == pytest.approx([0.15, 0.075, 0.0375])  # 0.3·0.5^j
     code = prunefl.Config(p_exponent="round")  # 0.3·0.5^server_round (0-based round)
-    assert prunefl.prune_fraction(code, 1, 2) == pytest.approx(0.15)
-    assert prunefl.prune_fraction(code, 2, 52) == pytest.approx(0.3 * 0.5**51)
+    assert prune_fraction(code, 1, 2) == pytest.approx(0.15)
+    assert prune_fraction(code, 2, 52) == pytest.approx(0.3 * 0.5**51)
 
 
 def test_readjustment_rounds() -> None:
-    assert [r for r in range(1, 120) if prunefl.is_readjust(r, 2, 50)] == [2, 52, 102]
-    assert [r for r in range(1, 8) if prunefl.is_readjust(r, 1, 3)] == [1, 4, 7]
+    assert [r for r in range(1, 120) if is_readjust(r, 2, 50)] == [2, 52, 102]
+    assert [r for r in range(1, 8) if is_readjust(r, 1, 3)] == [1, 4, 7]
 
 
 def test_entry_times(fed: FederatedTensors) -> None:
     mlp = _model(fed)
-    uniform = prunefl.entry_times(mlp, "uniform", None)
+    uniform = entry_times(mlp, "uniform", None)
     assert uniform == pytest.approx({"fc1.weight": 1 / 1184, "fc2.weight": 1 / 1184})
     cnn = build_model("mnist_cnn", input_shape=(1, 8, 8), num_classes=10)
-    assert prunefl.maskable(cnn) == ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"]
-    flops = prunefl.entry_times(cnn, "flops", fed.train[0].x[0])
+    assert maskable(cnn) == ["conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"]
+    flops = entry_times(cnn, "flops", fed.train[0].x[0])
     sizes = {n: p.numel() for n, p in cnn.named_parameters()}
     assert sum(flops[n] * sizes[n] for n in flops) == pytest.approx(1.0)  # dense model: time 1
     # padding 2 keeps 8x8 for conv1 (64 positions), 4x4 after one pool for conv2, 1 for linear
     assert flops["conv1.weight"] / flops["fc1.weight"] == pytest.approx(64.0)
     assert flops["conv2.weight"] / flops["fc2.weight"] == pytest.approx(16.0)
-    assert prunefl.entry_times(mlp, [2.0, 3.0], None) == {"fc1.weight": 2.0, "fc2.weight": 3.0}
+    assert entry_times(mlp, [2.0, 3.0], None) == {"fc1.weight": 2.0, "fc2.weight": 3.0}
     with pytest.raises(ValueError, match="2 layers"):
-        prunefl.entry_times(mlp, [1.0], None)
+        entry_times(mlp, [1.0], None)
 
 
 # --- phase one ---------------------------------------------------------------------------------
@@ -186,7 +191,7 @@ def test_warm_start_prunes_on_one_client_and_charges_round_zero(fed: FederatedTe
     n_m = 64 * 16 + 16 * 10  # fc1, fc2 weights
     biases = 16 + 10
     assert state.phase_one_rounds == 5  # no early stop with a single readjustment (round 2)
-    dens = prunefl.density(state.masks)
+    dens = density(state.masks)
     assert 0.7 <= dens < 1.0 and state.mask_version == 1
     for name, m in state.masks.items():
         assert torch.all(state.params[name][~m] == 0)
@@ -214,7 +219,7 @@ def test_phase_one_stops_after_consecutive_small_changes(fed: FederatedTensors) 
 
 def test_no_phase_one_keeps_the_dense_mask(fed: FederatedTensors) -> None:
     _, _, state, messages = _warm(fed, initial_rounds=0)
-    assert messages == [] and prunefl.density(state.masks) == 1.0 and state.mask_version == 0
+    assert messages == [] and density(state.masks) == 1.0 and state.mask_version == 0
 
 
 # --- federated phase ---------------------------------------------------------------------------
@@ -223,8 +228,8 @@ def test_no_phase_one_keeps_the_dense_mask(fed: FederatedTensors) -> None:
 def test_download_charges_the_mask_only_when_the_client_lacks_it(fed: FederatedTensors) -> None:
     alg, model, state, _ = _warm(fed)
     rctx = RoundContext(1, torch.Generator(), SEED, model)
-    stale = alg.broadcast(state, 0, prunefl.ClientState(0), rctx)
-    fresh = alg.broadcast(state, 0, prunefl.ClientState(state.mask_version), rctx)
+    stale = alg.broadcast(state, 0, ClientState(0), rctx)
+    fresh = alg.broadcast(state, 0, ClientState(state.mask_version), rctx)
     values = 32 * _nnz(state.masks) + 32 * (16 + 10)
     assert _bits(fresh) == values
     assert _bits(stale) == values + sum(m.numel() for m in state.masks.values())
@@ -234,7 +239,7 @@ def test_mask_is_fixed_between_readjustments_and_training_respects_it(
     fed: FederatedTensors,
 ) -> None:
     alg, model, state, _ = _warm(fed, readjust_every=3)  # federated readjustments: rounds 2, 5
-    cstates: dict[int, prunefl.ClientState] = {}
+    cstates: dict[int, ClientState] = {}
     masks = [state.masks]
     for r in range(1, 6):
         before = state
@@ -242,7 +247,7 @@ def test_mask_is_fixed_between_readjustments_and_training_respects_it(
         for down, res in results:
             for name, m in before.masks.items():  # clients train only active weights
                 assert torch.all(res.local_params[name][~m] == 0)
-            got = prunefl.uploaded_model(down.decode(), res.uplink.decode())
+            got = uploaded_model(down.decode(), res.uplink.decode())
             assert all(torch.allclose(got[k], res.local_params[k]) for k in got)
         metrics = alg.server_metrics(state)
         assert ("mask_churn" in metrics) == (r in (2, 5))
@@ -251,7 +256,7 @@ def test_mask_is_fixed_between_readjustments_and_training_respects_it(
     assert same[0] and same[2] and same[3]  # rounds 1, 3, 4 never change the mask
     assert not same[1] and not same[4]  # p = 0.15, 0.075: the mask grows at rounds 2 and 5
     assert state.readjustments == 2 and state.mask_version == 3
-    assert prunefl.density(masks[2]) < prunefl.density(masks[5])
+    assert density(masks[2]) < density(masks[5])
     for name, m in state.masks.items():
         assert torch.all(state.params[name][~m] == 0)
 
@@ -284,7 +289,7 @@ def test_server_averages_active_values_and_readjusts_from_mean_gradients() -> No
     params = {"weight": torch.tensor([[1.0, 2.0, 3.0]]), "bias": torch.tensor([0.5])}
     state = alg.init_server(params, RoundContext(0, torch.Generator(), 0, model))
     mask = {"weight": torch.tensor([[True, False, True]])}
-    state = prunefl.ServerState(prunefl.masked(params, mask), state.opt_state, mask, state.times)
+    state = prunefl.ServerState(apply_masks(params, mask), state.opt_state, mask, state.times)
 
     def up(cid: int, n: int, w: list[float], b: float, g: list[float] | None) -> Uplink:
         t = {"w/weight": torch.tensor(w), "w/bias": torch.tensor([b])}

@@ -14,37 +14,34 @@ from fedcomm.algorithms.core import ClientContext, ClientData, Uplink
 from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.algorithms.core.sparse_train import churn
-from fedcomm.algorithms.feddst import algorithm as feddst
 from fedcomm.algorithms.feddst import client as dst_client
 from fedcomm.algorithms.feddst import readjust as dst_readjust
 from fedcomm.algorithms.feddst.comm import Downlinks, mask_charge
 from fedcomm.algorithms.prunefl import algorithm as prunefl
-from fedcomm.algorithms.prunefl import client as pfl_client
-from fedcomm.algorithms.prunefl import readjust as pfl_readjust
 from fedcomm.algorithms.prunefl.client import GRAD, downlink, mean_gradient, pack, unpack
 from fedcomm.comm.payload import Free, Mask
 
 
 def test_annealed_ratio_is_eq_2_and_gate_only_keeps_alpha() -> None:
-    assert feddst.annealed_ratio(0.4, 0, 10, "cosine") == pytest.approx(0.4)
-    assert feddst.annealed_ratio(0.4, 5, 10, "cosine") == pytest.approx(0.2)
-    assert feddst.annealed_ratio(0.4, 9, 10, "cosine") == pytest.approx(
+    assert dst_readjust.annealed_ratio(0.4, 0, 10, "cosine") == pytest.approx(0.4)
+    assert dst_readjust.annealed_ratio(0.4, 5, 10, "cosine") == pytest.approx(0.2)
+    assert dst_readjust.annealed_ratio(0.4, 9, 10, "cosine") == pytest.approx(
         0.2 * (1 + math.cos(0.9 * math.pi))
     )
-    assert feddst.annealed_ratio(0.4, 9, 10, "gate_only") == 0.4
-    assert feddst.annealed_ratio(0.4, 10, 10, "gate_only") == 0.0
-    assert feddst.pruned_sparsity(0.8, 0.5) == pytest.approx(0.9)
+    assert dst_readjust.annealed_ratio(0.4, 9, 10, "gate_only") == 0.4
+    assert dst_readjust.annealed_ratio(0.4, 10, 10, "gate_only") == 0.0
+    assert dst_readjust.pruned_sparsity(0.8, 0.5) == pytest.approx(0.9)
 
 
 def test_prune_then_regrow_is_readjust() -> None:
     theta = torch.tensor([0.9, -0.5, 0.0, 0.3, 0.0, -0.1])
     mask = torch.tensor([True, True, False, True, False, True])
     grad = torch.tensor([0.0, 0.8, 0.7, 0.1, 0.2, 0.6])
-    kept = feddst.prune(theta, mask, 2)
+    kept = dst_readjust.prune(theta, mask, 2)
     assert kept.tolist() == [True, True, False, False, False, False]
-    grown = feddst.regrow(grad, kept, 4, "all")  # |g| over all entries: 1, 2 (active 1 reset)
+    grown = dst_readjust.regrow(grad, kept, 4, "all")  # |g| over all entries: 1, 2 (active 1 reset)
     assert grown.tolist() == [False, True, True, False, False, False]
-    params, masks = feddst.readjust(
+    params, masks = dst_readjust.readjust(
         {"w": theta}, {"w": mask}, {"w": grad}, {"w": 2}, {"w": 4}, "all"
     )
     assert masks["w"].tolist() == (kept | grown).tolist()
@@ -96,16 +93,6 @@ def test_prunefl_messages_round_trip_on_the_mask() -> None:
     got = unpack({k: e.decode() for k, e in pack(params, masks).items()}, params, masks)
     assert got["w"].tolist() == [[1.0, 0.0], [0.0, 4.0]] and got["b"].tolist() == [1.0, 1.0]
     assert prunefl.masked is _masks.apply_masks
-
-
-def test_the_algorithm_modules_re_export_their_helpers_names() -> None:
-    for name in ("annealed_ratio", "pruned_sparsity", "prune", "regrow", "readjust"):
-        assert getattr(feddst, name) is getattr(dst_readjust, name)
-    assert feddst.Readjustment is dst_readjust.Readjustment
-    assert feddst.DEFAULT_READJUST_END == dst_readjust.DEFAULT_READJUST_END == 200
-    for name in ("readjust", "prune_fraction", "is_readjust"):
-        assert getattr(prunefl, name) is getattr(pfl_readjust, name)
-    assert prunefl.ClientState is pfl_client.ClientState
 
 
 def test_prunefl_averages_the_uploaded_gradients_unweighted() -> None:

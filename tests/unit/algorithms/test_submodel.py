@@ -15,7 +15,7 @@ from fedcomm.algorithms import afd, feddrop, fedmp, submodel
 from fedcomm.algorithms.core import ClientContext, ClientData, RoundContext, Uplink
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core.local import LocalConfig
-from fedcomm.algorithms.fedbiad import algorithm as fedbiad
+from fedcomm.algorithms.fedbiad import rows as fedbiad_rows
 from fedcomm.algorithms.submodel.codec import decode_kept, encode, keep_masks, uploaded_model
 from fedcomm.algorithms.submodel.merge import (
     aggregate,
@@ -26,6 +26,7 @@ from fedcomm.algorithms.submodel.merge import (
 )
 from fedcomm.algorithms.submodel.units import (
     Rank,
+    drop_counts,
     first_units,
     keep_counts,
     keep_ranked,
@@ -73,7 +74,7 @@ def test_select_keeps_the_first_n_of_each_ranking_in_layer_order() -> None:
 
 def test_random_rule_drops_the_first_units_of_the_clients_permutation() -> None:
     layers = unit_layers(_mlp([40, 20]))
-    counts = feddrop.drop_counts(layers, conv_rate=0.1, fc_rate=0.3, drop_output=False)
+    counts = drop_counts(layers, conv_rate=0.1, fc_rate=0.3, drop_output=False)
     keep = feddrop.select_units(layers, counts, seed=3, round_=5, client_id=2)
     g = torch_generator(3, Stream.ALGORITHM, 5, 2)  # replayed: one permutation per layer, in order
     for spec in layers:
@@ -139,8 +140,8 @@ def test_a_score_ranked_rule_plugs_in_like_fedbiads_stage_two() -> None:
 
         return rank
 
-    keep = select(layers, fedbiad.keep_counts(layers, 0.5), by_score(torch_generator(0, 1)))
-    want = fedbiad.score_pattern(layers, scores, 0.5, torch_generator(0, 1))
+    keep = select(layers, fedbiad_rows.keep_counts(layers, 0.5), by_score(torch_generator(0, 1)))
+    want = fedbiad_rows.score_pattern(layers, scores, 0.5, torch_generator(0, 1))
     assert all(torch.equal(keep[k], want[k]) for k in want)
 
 

@@ -70,7 +70,6 @@ from fedcomm.algorithms.fedbiad.bayes import (
     row_masks,
     weight_noise,
 )
-from fedcomm.algorithms.fedbiad.bayes import posterior_variance as posterior_variance
 from fedcomm.algorithms.fedbiad.rows import (
     Track,
     initial_scores,
@@ -79,12 +78,6 @@ from fedcomm.algorithms.fedbiad.rows import (
     score_pattern,
     stage_one_check,
 )
-from fedcomm.algorithms.fedbiad.rows import is_check_point as is_check_point
-from fedcomm.algorithms.fedbiad.rows import keep_counts as keep_counts
-from fedcomm.algorithms.fedbiad.rows import recurrent_matrix as recurrent_matrix
-from fedcomm.algorithms.fedbiad.rows import score_update as score_update
-from fedcomm.algorithms.fedbiad.rows import top_rows as top_rows
-from fedcomm.algorithms.fedbiad.rows import trend as trend
 from fedcomm.algorithms.fedbiad.server import (
     aggregate,
     check_model,

@@ -8,6 +8,7 @@ GraSP and RandomMask build on :func:`make`. Importing the package registers ``fe
 
 from __future__ import annotations
 
-from fedcomm.algorithms.feddst.algorithm import ClientState, Config, ServerState, build, make
+from fedcomm.algorithms.feddst.algorithm import Config, ServerState, build, make
+from fedcomm.algorithms.feddst.client import ClientState
 
 __all__ = ["ClientState", "Config", "ServerState", "build", "make"]

@@ -74,26 +74,10 @@ from fedcomm.algorithms.feddst.comm import Downlinks, mask_charge
 from fedcomm.algorithms.feddst.readjust import (
     DEFAULT_READJUST_END,
     Readjustment,
-    annealed_ratio,
-    prune,
-    pruned_sparsity,
-    readjust,
     readjust_step,
-    regrow,
 )
 from fedcomm.comm.payload import Payload
 from fedcomm.types import ParamDict
-
-__all__ = [  # from the _feddst_* helpers, part of this module's API (the tests use them)
-    "DEFAULT_READJUST_END",
-    "ClientState",
-    "Readjustment",
-    "annealed_ratio",
-    "prune",
-    "pruned_sparsity",
-    "readjust",
-    "regrow",
-]
 
 
 class Config(SparseConfig):  # S, the layer budgets, the weighting: SparseConfig

@@ -60,8 +60,6 @@ from fedcomm.algorithms.core.context import (
 )
 from fedcomm.algorithms.core.reuse import Reused
 from fedcomm.algorithms.fedsparse.gates import L0_SHIFT, gate_probs, initial_v, sample_z
-from fedcomm.algorithms.fedsparse.gates import gate_logits as gate_logits
-from fedcomm.algorithms.fedsparse.gates import hard_concrete as hard_concrete
 from fedcomm.algorithms.fedsparse.local import (
     GATE,
     Programs,
@@ -71,9 +69,6 @@ from fedcomm.algorithms.fedsparse.local import (
     step_constants,
     step_noise,
 )
-from fedcomm.algorithms.fedsparse.local import NOISE as NOISE
-from fedcomm.algorithms.fedsparse.local import input_gated as input_gated
-from fedcomm.algorithms.fedsparse.local import layer_of as layer_of
 from fedcomm.algorithms.fedsparse.messages import decode_downlink, encode_downlink, encode_upload
 from fedcomm.algorithms.fedsparse.server import (
     prune,

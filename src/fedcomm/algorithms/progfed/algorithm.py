@@ -70,7 +70,6 @@ from fedcomm.algorithms.core.context import (
 from fedcomm.algorithms.fedprox import proximal_hook
 from fedcomm.algorithms.progfed import charge
 from fedcomm.algorithms.progfed import schedule as sched
-from fedcomm.algorithms.progfed.charge import charged_values
 from fedcomm.algorithms.progfed.client import ClientState, local_run, momentum_bufs
 from fedcomm.algorithms.progfed.model import (
     active,
@@ -81,15 +80,12 @@ from fedcomm.algorithms.progfed.model import (
     trained,
     validate_model,
 )
-from fedcomm.algorithms.progfed.schedule import Phase, cosine_lr, schedule, warmup_index
+from fedcomm.algorithms.progfed.schedule import Phase, schedule, warmup_index
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.progressive import ProgressiveNet
 from fedcomm.server_opt import OptState
 from fedcomm.types import ParamDict
-
-# the schedule and the charge live in helper modules; the names the tests use are re-exported
-__all__ = ["Config", "Phase", "build", "charged_values", "cosine_lr", "schedule", "warmup_index"]
 
 
 class Config(AlgorithmConfig):
