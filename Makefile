@@ -50,7 +50,7 @@ lint: $(STAMP)  ## ruff lint + format check
 typecheck: $(STAMP)  ## mypy --strict on src/
 	$(BIN)/mypy
 
-check: lint typecheck test-fast  ## lint, types, fast tests
+check: lint typecheck  ## the static checks CI runs first (ruff, ruff format --check, mypy)
 
 bench: $(STAMP)  ## speed benchmark (FedAvg, MNIST MLP, 1000 clients): s/round and peak memory
 	$(BIN)/python benchmarks/fedavg_mnist.py
