@@ -115,7 +115,7 @@ class _Typer(typer.Typer):
 app = _Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 config_app = _Typer(no_args_is_help=True, help="Inspect and validate params files.")
 app.add_typer(config_app, name="config")
-system_app = _Typer(no_args_is_help=True, help="Simulated-time inputs (issue 30).")
+system_app = _Typer(no_args_is_help=True, help="Simulated-time inputs: device traces.")
 app.add_typer(system_app, name="system")
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params YAML file")]

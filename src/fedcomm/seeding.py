@@ -24,7 +24,7 @@ class Stream(IntEnum):
     SERVER = 6
     EVAL = 7
     ALGORITHM = 8  # algorithm-internal randomness both sides can replay (e.g. dropout masks)
-    SYSTEM = 9  # simulated clients (issue 30): links, speeds, who is online, the cohort
+    SYSTEM = 9  # the system section's simulated clients: links, speeds, who is online, the cohort
 
 
 def seed_sequence(seed: int, stream: Stream, *keys: int) -> np.random.SeedSequence:

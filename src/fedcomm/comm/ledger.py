@@ -3,10 +3,10 @@
 Schema: ``round, client_id, direction, payload_bits, index_bits, meta_bits, dense_bits, status,
 encoded_bits``. ``dense_bits`` is the size the same content would have had sent densely (the
 reference for compression ratios). The bit columns count what went over the link: ``status`` is
-``sent`` for every message unless a ``system`` section's round dropped a client (issue 30): its
-uplink is then ``not_sent`` (0 bits) or ``partial`` (the bits it had sent when the round closed,
-all counted as payload), and ``encoded_bits`` keeps what its codec encoded either way. Totals
-are summarised per round and cumulatively in bytes and GiB.
+``sent`` for every message unless a round under a ``system`` section (simulated time) dropped a
+client: its uplink is then ``not_sent`` (0 bits) or ``partial`` (the bits it had sent when the
+round closed, all counted as payload), and ``encoded_bits`` keeps what its codec encoded either
+way. Totals are summarised per round and cumulatively in bytes and GiB.
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ def best_within_upload_cap(
     before all clients together have moved ``cap_gib`` GiB. ``axis`` says what counts:
     ``up_down`` (upload + download, ``cum_bytes``; the reading that reproduces the paper's
     MNIST FedAvgM row, see above) or ``up`` (upload only, ``cum_up_bytes``). We report
-    the best evaluation within the cap, not the last one (specs/feddst-progfed.md §1(c)); the
-    two agree on rising curves.
+    the best evaluation within the cap, not the last one, as the paper does ("the best test
+    accuracy seen before each limit", Experiments); the two agree on rising curves.
 
     Args:
         frame: a :func:`.summaries.run_table` (``cum_up_bytes``, ``cum_bytes`` and ``column``).

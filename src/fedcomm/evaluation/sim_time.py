@@ -1,6 +1,6 @@
 """Accuracy against *simulated* time: the run summaries of a run that had a ``system`` section.
 
-A run with a ``system`` section (issue 30) carries, on every round of its ``rounds`` table,
+A run with a ``system`` section (simulated time) carries, on every round of its ``rounds`` table,
 ``time/sim_round_s`` (simulated seconds of the round: its deadline, or the last aggregated
 client's finish), ``time/sim_elapsed_s`` (simulated seconds since the start of the run, after
 this round) and the client counts ``system/sampled``, ``system/online``, ``system/finished``,

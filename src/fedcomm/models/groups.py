@@ -5,7 +5,7 @@ every member ``(param_name, axis)``, the slice ``params[param_name].select(axis,
 dropout algorithms work on ``(count,)`` masks per spec and turn them into parameter masks with
 ``expand_mask`` / ``apply_mask``; nothing else needs to know the layer types.
 
-Two partitions (specs/fedsparse-fedbiad.md §0):
+Two partitions (Louizos et al., FedSparse, eq. 23 and App. A; Xue et al., FedBIAD, eqs. 3-4):
 
 - ``groups(model)``, FedSparse / FedL1 (after the L0 reference code of Louizos et al.): a conv
   layer has one group per output filter (``W[g]`` and ``b[g]``, kind ``"filter"``); a linear

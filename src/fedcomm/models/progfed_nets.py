@@ -2,7 +2,7 @@
 
 Wang et al., "ProgFed: Effective, Communication, and Computation Efficient Federated Learning
 by Progressive Training", ICML 2022, App. B; code a514514772/ProgFed ``models/convnet.py``
-(``ConvNet``, datasets ``emnist`` and ``cifar10``); specs/feddst-progfed.md §2(d). All
+(``ConvNet``, datasets ``emnist`` and ``cifar10``; stages as App. B's "Architectures"). All
 convolutions are 3x3 without padding, all pools are max-pool 2, every init is PyTorch's default
 (as the official code).
 

@@ -1,4 +1,4 @@
-"""Progressive (stage-wise) views of a model, for ProgFed (specs/feddst-progfed.md §2(a)).
+"""Progressive (stage-wise) views of a model, for ProgFed (Section 3.1 and Algorithm 1).
 
 Wang et al., "ProgFed: Effective, Communication, and Computation Efficient Federated Learning
 by Progressive Training", ICML 2022, eq. 1–2: the model is ``M = G_S ∘ E_S ∘ … ∘ E_1`` and the

@@ -187,8 +187,8 @@ def resnet20(
     """ResNet-20 for CIFAR with GroupNorm(``groups``) after every convolution.
 
     He et al., CVPR 2016 (Section 4.2), with GroupNorm (Wu & He, ECCV 2018) in place of
-    BatchNorm; ``groups=2`` follows Reddi et al., ICLR 2021, as recommended for FedSparse's
-    CIFAR-100 runs (specs/fedsparse-fedbiad.md §1.9). Convolutions have no bias (each is
+    BatchNorm; ``groups=2`` follows Reddi et al., ICLR 2021, whose CIFAR-100 benchmark FedSparse
+    uses (Louizos et al., Section 5; the norm is not named). Convolutions have no bias (each is
     followed by a norm) and use He-normal (fan-out) init.
 
     Shortcuts where the shape changes (first block of stages 2 and 3):
@@ -238,9 +238,10 @@ def resnet18(*, input_shape: tuple[int, ...], num_classes: int, groups: int = 2)
     Wang et al., "ProgFed: Effective, Communication, and Computation Efficient Federated
     Learning by Progressive Training", ICML 2022, App. B; code a514514772/ProgFed
     ``models/resnet.py`` (``resnet18``, CIFAR stem) with GroupNorm(2, C) in place of BatchNorm
-    (specs/feddst-progfed.md §2(d)). A 3x3 stem to 64 channels (no max-pool), layers 1–4 of two
-    basic blocks with 64 / 128 / 256 / 512 channels (stride 2 in the first block of layers
-    2–4, with a 1x1 conv + GN projection shortcut), global average pooling and ``fc``.
+    (App. B: "batch norm are replaced with group norm"). A 3x3 stem to 64 channels (no
+    max-pool), layers 1–4 of two basic blocks with 64 / 128 / 256 / 512 channels (stride 2 in
+    the first block of layers 2–4, with a 1x1 conv + GN projection shortcut), global average
+    pooling and ``fc``.
     11,220,132 parameters for 100 classes (11,173,962 for 10). Convolutions have no bias and
     PyTorch's default init (as the official code).
 

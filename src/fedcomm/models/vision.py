@@ -181,7 +181,7 @@ def cnn(
 
     Louizos et al., "An Expectation-Maximization Perspective on Federated Learning" (FedSparse),
     Section 5 / Appendix A, CIFAR-10 and FEMNIST. The paper names the model only; the widths are
-    the ones that reproduce its reported communication (specs/fedsparse-fedbiad.md §1.9):
+    the ones that reproduce its reported communication (the GB column of Tables 1 and 3):
     878,538 parameters on ``(3, 32, 32)`` with 10 classes, 608,702 on ``(1, 28, 28)`` with 62.
 
     Args:

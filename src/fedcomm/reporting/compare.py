@@ -43,7 +43,7 @@ from fedcomm.tracking.query import (
 )
 
 EVAL_SUMMARY = "summary.json"  # logged by the evaluate stage; its model-size-based parts are used
-OLD_EVAL_SUMMARY = "metrics.json"  # the same summary, as runs evaluated before issue 42 logged it
+OLD_EVAL_SUMMARY = "metrics.json"  # the same summary under its old name, in older runs
 _FROM_EVALUATE = ("upload", "comm")  # summary keys that need the dense model's size
 
 

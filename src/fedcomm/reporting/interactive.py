@@ -1,4 +1,4 @@
-"""Interactive HTML pages of an experiment's curves that need no network (issue 42).
+"""Interactive HTML pages of an experiment's curves that need no network.
 
 - :func:`experiment_page`: an experiment's curves (the summarize stage's ``reports/curves``
   table) as one self-contained page: the evaluation metric against cumulative GiB, against the

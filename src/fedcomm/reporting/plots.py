@@ -333,7 +333,7 @@ def plot_accuracy_vs_gib_and_sim_time(
 ) -> None:
     """Two panels side by side, same runs, same colours: ``metric`` against cumulative GiB (up +
     down) and against simulated hours (:func:`sim_time_curve`), with ±1 SE bands over seeds; a
-    PNG at ``path``. For runs with a ``system`` section (issue 30)."""
+    PNG at ``path``. For runs with a ``system`` section (simulated time)."""
     name = metric_axis(metric)[0].removesuffix(" (%)")
     fig = Figure(figsize=(13.0, 4.8), layout="constrained")
     left, right = fig.subplots(1, 2, sharey=True)

@@ -1,4 +1,4 @@
-"""Protocol v2 of the claims registry (issue 41): each claim's design, fixed before its data.
+"""Protocol v2 of the claims registry: each claim's design, fixed before its data.
 
 A behaviour's ``protocol`` block states, before any of its data exists:
 

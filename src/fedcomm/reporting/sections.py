@@ -198,7 +198,7 @@ def sim_time_sections(
     summaries: dict[str, list[dict[str, Any]]],
     metric: str = "global accuracy",
 ) -> list[str]:
-    """The simulated clock of runs with a ``system`` section (issue 30): per run, simulated
+    """The simulated clock of runs with a ``system`` section (simulated time): per run, simulated
     hours, mean simulated round and clients per round (mean ± SE over seeds), then the best
     ``metric`` within each simulated-time budget (``evaluate.time_budgets_h``). Runs without
     simulated time show ``–``."""

@@ -65,7 +65,7 @@ SPENDINGS: tuple[str, ...] = ("pocock", "obrien_fleming")
 DRAWS = 4_000_000
 """Monte Carlo draws behind each bound of :func:`sequential_bounds`."""
 SEED = 29
-"""The seed of :func:`sequential_bounds` (issue 29); fixed, so the bounds are reproducible."""
+"""The seed of :func:`sequential_bounds`; fixed, so the bounds are reproducible."""
 CHECK_SEED = 2_029
 """The default seed of :func:`overall_error`: independent of :data:`SEED`, so a check of the
 bounds does not reuse the draws that made them."""

@@ -1,4 +1,4 @@
-"""The shell of a self-contained Vega page (issue 42): Vega, Vega-Lite and vega-embed inline, so
+"""The shell of a self-contained Vega page: Vega, Vega-Lite and vega-embed inline, so
 the page renders offline (a cluster node, a laptop on a train), and a plot that fails says so on
 the page instead of staying blank.
 
@@ -22,7 +22,7 @@ import altair as alt
 import vl_convert
 
 # Turns a script error or a failed vega-embed (a rejected promise) into a visible notice: a
-# page whose plots cannot render must say so, not stay blank (issue 42).
+# page whose plots cannot render must say so, not stay blank.
 _ERROR_NOTICE = """
 (function () {
   function notice(message) {

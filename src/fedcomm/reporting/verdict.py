@@ -1,4 +1,4 @@
-"""The decision rule of issue 29: a paired comparison over seeds, decided by a one-sided t test.
+"""The claims' decision rule: a paired comparison over seeds, decided by a one-sided t test.
 
 A claim "a − b > margin" (``direction="greater"``) or "a − b < margin" (``"less"``) is
 *reproduced* when, over the ``n ≥ 3`` seeds both arms have, the paired differences

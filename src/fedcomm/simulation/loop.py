@@ -94,7 +94,7 @@ class LoopConfig:
     precision: str = "fp32"  # train.precision: local training's autocast
     on_divergence: str = "stop"  # "stop" | "skip" a diverged client (see DivergenceError)
     divergence_loss: float = 1e6
-    system: SystemConfig | None = None  # simulated time (issue 30); None: none, as before
+    system: SystemConfig | None = None  # simulated time; None: none, as without a system section
     data_root: Path | None = None  # where system's real traces are read
 
 

@@ -1,4 +1,4 @@
-"""The round under a ``system`` section (issue 30): clients timed from their encoded bits and
+"""The round under a ``system`` section (simulated time): clients timed from their encoded bits and
 their local work, the round settled by the deadline and over-selection.
 
 Every sampled client is trained and encoded as always; here each client's messages and work

@@ -12,7 +12,7 @@ accuracies, sparsity; for ``dvc plots`` and ``fedcomm verdicts``), and ``reports
 (``dvc plots show``'s page template, ``.dvc/config``). With tracking on, the same report is logged
 on the experiment's MLflow ``summary`` run (:mod:`fedcomm.tracking.summary_run`).
 
-Runs with a ``system`` section (simulated time, issue 30) also get, recomputed here from each
+Runs with a ``system`` section (simulated time) also get, recomputed here from each
 seed's rounds table: a "Simulated time" section (simulated hours, clients per round), the best
 accuracy within each ``evaluate.time_budgets_h``, the simulated hours to each target, the plot
 of accuracy against GiB beside accuracy against simulated hours, ``sim`` and
@@ -228,7 +228,7 @@ def summarize_stage(params: Params, paths: Paths = Paths()) -> list[Path]:
     table = curves(params, rounds)
     atomic.write_text(paths.reports / "curves.csv", table.write_csv())
     atomic.write_parquet(paths.reports / "curves.parquet", table)
-    pages = write_pages(  # interactive.html and dvc plots show's template, Vega inline (issue 42)
+    pages = write_pages(  # interactive.html and dvc plots show's template, Vega inline (offline)
         paths.reports,
         table,
         title=params.summarize.title,

@@ -1,1 +1,1 @@
-"""Simulated time: client links, compute, availability and the round clock (issue 30)."""
+"""Simulated time: client links, compute, availability and the round clock."""

@@ -1,6 +1,6 @@
 """The round clock: encoded bits and local work -> seconds -> who is aggregated.
 
-A client's part of a round, in simulated seconds from the round's start (issue 30):
+A client's part of a round, in simulated seconds from the round's start:
 
     finish = latency + down_bits / downlink + compute + latency + up_bits / uplink
 

@@ -1,7 +1,7 @@
 """The ``system`` params section: who each client is (links, compute, availability) and how a
 round treats the slow ones (deadline, over-selection, stragglers).
 
-Absent, nothing of it exists and every number is what it was before issue 30. Present, the
+Absent, nothing of it exists and every number is what it is without simulated time. Present, the
 round loop (:mod:`fedcomm.simulation.loop`) draws one :class:`~fedcomm.system.population.Profile`
 per client from the run's seed and turns each message's encoded bits into seconds
 (:mod:`fedcomm.system.clock`). Units: Mbit/s (1e6 bit/s), seconds, FLOP/s.

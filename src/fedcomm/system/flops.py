@@ -1,4 +1,4 @@
-"""Local work in FLOPs: what a client's compute time is made of (issue 30).
+"""Local work in FLOPs: what a client's compute time is made of.
 
 The model's forward FLOPs per example are counted once per model, per weight tensor, by forward
 hooks on one example: a ``Linear`` costs ``2 · in · out`` per output row, a convolution

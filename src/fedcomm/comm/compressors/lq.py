@@ -2,7 +2,7 @@
 
 Wang et al., "ProgFed: Effective, Communication, and Computation Efficient Federated Learning by
 Progressive Training", ICML 2022 (arXiv:2110.05323), uplink only, "following Konečný et al.
-2016" (official code: ``quantization.py``; spec: ``specs/feddst-progfed.md`` §2(c)).
+2016" (Section 4.4, Table 5; official code: a514514772/ProgFed ``quantization.py``).
 
 Per update entry viewed as ``X`` of shape ``n1 × n2`` (``n1`` = its first dim; 1-D: ``numel × 1``)::
 

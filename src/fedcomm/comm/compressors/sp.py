@@ -1,8 +1,8 @@
 """ProgFed's SP-p: a random Bernoulli(p) mask per client and per tensor, rescaled by ``1/p``.
 
 Wang et al., "ProgFed: Effective, Communication, and Computation Efficient Federated Learning by
-Progressive Training", ICML 2022 (arXiv:2110.05323); official code: ``fl_utils.py``; spec:
-``specs/feddst-progfed.md`` §2(c). Random sparsification (not top-k), unbiased, no error
+Progressive Training", ICML 2022 (arXiv:2110.05323), Section 4.4 and Table 5; official code:
+a514514772/ProgFed ``fl_utils.py``. Random sparsification (not top-k), unbiased, no error
 feedback; ``p = 0.25`` or ``0.10`` (SP-25/SP-10), optionally combined with LQ-8.
 
 The official code masks at the server after dequantisation; here (our choice) the client draws a

@@ -22,8 +22,8 @@ class LabelCyclePartitioner(Partitioner[list[np.ndarray]]):
     sliding window (``C`` distinct sets).
 
     Zhang et al., "Personalized Federated Learning via Variational Bayesian Inference" (ICML
-    2022) data generation, as described in ``specs/fedsparse-fedbiad.md`` §2.4. A class held by
-    no client (possible when ``num_partitions·n_l < C``) is dropped with its rows.
+    2022) data generation, FedBIAD's MNIST/FMNIST partition (Xue et al., Section V-A). A class
+    held by no client (possible when ``num_partitions·n_l < C``) is dropped with its rows.
 
     Args:
         labels: ``(n,)`` integer labels ``0..C-1``.
