@@ -9,10 +9,12 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 0. foundation: ``types errors atomic paths seeding sparse_io`` and the package root;
 1. building blocks: ``comm models data server_opt run_files system``;
 2. ``algorithms`` (inside it, the shared pieces -- ``core``, the contract and its machinery, and
-   ``submodel``, the sub-model family's rule -- never import an algorithm or a paper's package:
-   algorithms compose them, not the reverse; ``core`` does not import ``submodel``; outside a
-   paper's package, code uses the package, not its helpers; and the top of ``algorithms/`` lists
-   the algorithms: every entry but ``core`` and ``submodel`` registers one);
+   the families' packages ``submodel`` (the sub-model family's rule) and ``sparse`` (the
+   sparse-mask family's masks, budgets and messages) -- never import an algorithm or a paper's
+   package: algorithms compose them, not the reverse; a family builds on ``core`` and no other
+   family, and ``core`` imports no family; outside a paper's package, code uses the package, not
+   its helpers; and the top of ``algorithms/`` lists the algorithms: every entry but the shared
+   pieces registers one);
 3. ``evaluation``;  4. ``simulation`` (the round loop);  5. ``config`` (the params schema);
 6. ``tracking`` (the only mlflow user);  7. ``reporting``;  8. ``stages`` (one module per DVC
    stage: ``tests/unit/test_stages_layout.py`` checks the order inside it);
@@ -141,12 +143,13 @@ def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
     )
 
 
-SHARED = frozenset({"core", "submodel"})  # the pieces of algorithms/ that algorithms compose
+SHARED = frozenset({"core", "submodel", "sparse"})  # the pieces algorithms compose, not algorithms
 
 
 def piece(module: str) -> str | None:
     """The entry of ``algorithms/`` a module belongs to: ``""`` for the package itself, ``core``,
-    ``submodel``, or an algorithm's module or paper's package; None outside ``algorithms``."""
+    a family's package (``submodel``, ``sparse``), or an algorithm's module or paper's package;
+    None outside ``algorithms``."""
     parts = module.split(".")
     if parts[:2] != ["fedcomm", "algorithms"]:
         return None
@@ -154,9 +157,10 @@ def piece(module: str) -> str | None:
 
 
 def shared_pieces_importing_algorithms(graph: Mapping[str, set[str]]) -> list[str]:
-    """Shared pieces (``core``, ``submodel``) that import an algorithm, a paper's package or the
-    ``algorithms`` package itself (which imports every algorithm), and ``core`` importing
-    ``submodel`` (the family builds on the contract, not the reverse)."""
+    """Shared pieces (``core``, ``submodel``, ``sparse``) that import an algorithm, a paper's
+    package or the ``algorithms`` package itself (which imports every algorithm), and a shared
+    piece importing another one but ``core`` (a family builds on the contract, not the reverse,
+    and on no other family)."""
     found = []
     for a, deps in graph.items():
         pa = piece(a)
@@ -166,7 +170,7 @@ def shared_pieces_importing_algorithms(graph: Mapping[str, set[str]]) -> list[st
             pb = piece(b)
             if pb is None:
                 continue
-            if pb not in SHARED or (pa == "core" and pb == "submodel"):
+            if pb not in (pa, "core"):
                 found.append(f"{a} imports {b}")
     return sorted(found)
 
@@ -285,3 +289,26 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
     assert helpers_imported_from_outside(graph) == [
         "fedcomm.algorithms.fedx imports fedcomm.algorithms.pap.rows"
     ]
+
+
+def test_a_family_builds_on_core_and_no_other_family(tmp_path: Path) -> None:
+    graph = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "algorithms/__init__.py": "",
+            "algorithms/core/__init__.py": "",
+            "algorithms/core/jobs.py": "from fedcomm.algorithms.sparse import masks\n",
+            "algorithms/sparse/__init__.py": "",
+            "algorithms/sparse/masks.py": "from fedcomm.algorithms.core import jobs\n",
+            "algorithms/sparse/codec.py": "from fedcomm.algorithms.sparse.masks import Masks\n",
+            "algorithms/submodel/__init__.py": "",
+            "algorithms/submodel/units.py": "from fedcomm.algorithms.sparse import codec\n",
+            "algorithms/pap/__init__.py": "from fedcomm.algorithms.sparse.codec import f\n",
+        },
+    )
+    assert shared_pieces_importing_algorithms(graph) == [
+        "fedcomm.algorithms.core.jobs imports fedcomm.algorithms.sparse.masks",
+        "fedcomm.algorithms.submodel.units imports fedcomm.algorithms.sparse.codec",
+    ]
+    assert helpers_imported_from_outside(graph) == []  # a family's modules are for everyone

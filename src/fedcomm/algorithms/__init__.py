@@ -1,9 +1,10 @@
 """Algorithms: one module per single-file algorithm, one package per paper that spans several.
 
-``core`` is the machinery they share (the contract and registry, the local step, jobs, masks);
-``submodel`` is the sub-model family's shared rule, codec and merge. Importing this package
-imports every other submodule and subpackage, so each ``@register`` runs and the config union
-in :mod:`fedcomm.config` and the contract tests see every algorithm.
+``core`` is the machinery they share (the contract and registry, the local step, jobs);
+``submodel`` is the sub-model family's shared rule, codec and merge, ``sparse`` the sparse-mask
+family's masks, budgets, messages and config. Importing this package imports every other
+submodule and subpackage, so each ``@register`` runs and the config union in
+:mod:`fedcomm.config` and the contract tests see every algorithm.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fedcomm.algorithms.core import (
     build_algorithm,
 )
 
-SHARED = frozenset({"core", "submodel"})  # the pieces algorithms compose, not algorithms
+SHARED = frozenset({"core", "sparse", "submodel"})  # the pieces algorithms compose
 
 for _mod in pkgutil.iter_modules(__path__):
     if not _mod.name.startswith("_") and _mod.name not in SHARED:

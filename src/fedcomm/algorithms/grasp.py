@@ -48,9 +48,10 @@ from torch.func import functional_call
 from fedcomm.algorithms import feddst
 from fedcomm.algorithms.core import FedAlgorithm, register
 from fedcomm.algorithms.core import local as _local
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.context import ClientData, Message, WarmStartContext
-from fedcomm.algorithms.core.sparse_train import SparseConfig
+from fedcomm.algorithms.sparse import SparseConfig
+from fedcomm.algorithms.sparse import codec as _codec
+from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.comm.payload import Mask, Payload
 
 
@@ -154,7 +155,7 @@ def build(cfg: Config) -> FedAlgorithm:
         )
         if cfg.warm_start_charge == "none":
             return new, []
-        upload = Payload({_masks.MASK + k: Mask(m) for k, m in masks.items()})
+        upload = Payload({_codec.MASK + k: Mask(m) for k, m in masks.items()})
         return new, [(cid, "up", upload)]
 
     return feddst.make(cfg, None, dense_start=True, warm_start=warm_start)

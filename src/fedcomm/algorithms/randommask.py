@@ -14,7 +14,7 @@ from typing import Literal
 
 from fedcomm.algorithms import feddst
 from fedcomm.algorithms.core import FedAlgorithm, register
-from fedcomm.algorithms.core.sparse_train import SparseConfig
+from fedcomm.algorithms.sparse import SparseConfig
 
 
 class Config(SparseConfig):

@@ -14,11 +14,13 @@ from torch import Tensor, nn
 
 from fedcomm.algorithms import build_algorithm, randommask
 from fedcomm.algorithms.core import AlgorithmConfig, ClientContext, RoundContext, Uplink
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.algorithms.feddst import algorithm as feddst
 from fedcomm.algorithms.feddst.client import ClientState
 from fedcomm.algorithms.feddst.readjust import DEFAULT_READJUST_END, Readjustment, readjust
+from fedcomm.algorithms.sparse import budgets as _budgets
+from fedcomm.algorithms.sparse import codec as _codec
+from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop
@@ -65,7 +67,7 @@ def test_official_budgets_reproduce_the_spec_table(
     net: tuple[list[tuple[int, int]], list[tuple[int, int]]], expected: list[float]
 ) -> None:
     layers = _masks.maskable_layers(_Net(*net))
-    budgets = _masks.layer_budgets(layers, 0.8, "official")
+    budgets = _budgets.layer_budgets(layers, 0.8, "official")
     assert [round(budgets[la.name] / la.numel, 3) for la in layers] == expected
     assert budgets["conv1.weight"] == (65 if net is MNIST else 103)  # ⌊(1 − s_1)·n_1⌋
 
@@ -74,7 +76,7 @@ def test_official_budgets_reproduce_the_spec_table(
 @pytest.mark.parametrize("sparsity", [0.5, 0.8, 0.95])
 def test_budgets_sum_to_the_target(distribution: str, sparsity: float) -> None:
     layers = _masks.maskable_layers(_Net(*CIFAR10))
-    budgets = _masks.layer_budgets(layers, sparsity, distribution)  # type: ignore[arg-type]
+    budgets = _budgets.layer_budgets(layers, sparsity, distribution)  # type: ignore[arg-type]
     assert all(0 < budgets[la.name] <= la.numel for la in layers)
     total = sum(budgets.values())
     n_m = sum(la.numel for la in layers)
@@ -90,7 +92,7 @@ def test_erk_caps_a_dense_layer_and_redistributes() -> None:
     # ε = (0.2·261,250 − 0.8·500) / (21 + 40 + 5170) = 51,850 / 5231 solves the others;
     # layer l then keeps ε·Σshape_l weights (conv1 21, conv2 40, fc1 5170).
     layers = _masks.maskable_layers(_Net(*MNIST))
-    budgets = _masks.layer_budgets(layers, 0.8, "erk")
+    budgets = _budgets.layer_budgets(layers, 0.8, "erk")
     eps = 51_850 / 5231
     assert budgets["fc2.weight"] == 500
     for name, dims in [("conv1.weight", 21), ("conv2.weight", 40), ("fc1.weight", 5170)]:
@@ -100,7 +102,7 @@ def test_erk_caps_a_dense_layer_and_redistributes() -> None:
 
 def test_uniform_keeps_one_minus_s_of_every_layer() -> None:
     layers = _masks.maskable_layers(_Net(*CIFAR10))
-    budgets = _masks.layer_budgets(layers, 0.7, "uniform")
+    budgets = _budgets.layer_budgets(layers, 0.7, "uniform")
     assert all(abs(budgets[la.name] - 0.3 * la.numel) < 1 for la in layers)
 
 
@@ -156,7 +158,7 @@ def test_client_readjustment_keeps_exactly_the_layer_budgets(
     local = LocalConfig(epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
     ctx = ClientContext(1, 0, model, local, torch.Generator().manual_seed(0))
     res = alg.client_update(down.decode(), ClientState(), fed.train[0], ctx)
-    params, masks = _masks.decode(res.uplink.decode())
+    params, masks = _codec.decode(res.uplink.decode())
     assert {k: int(m.sum()) for k, m in masks.items()} == dict(server.budgets)
     assert not torch.equal(masks["fc1.weight"], server.masks["fc1.weight"])  # it moved
     assert all(torch.all(params[k][~m] == 0) for k, m in masks.items())  # masked after steps
@@ -183,7 +185,7 @@ def test_server_sparse_average_and_union_prune_by_hand() -> None:
     def up(w: list[float], m: list[bool], b: float, n: int, cid: int) -> Uplink:
         params = {"weight": torch.tensor([w]), "bias": torch.tensor([b])}
         masks = {"weight": torch.tensor([m])}
-        return Uplink(cid, n, _masks.encode(params, masks, "sent").decode())
+        return Uplink(cid, n, _codec.encode(params, masks, "sent").decode())
 
     uplinks = [
         up([1.0, 2.0, 0.0, 0.0], [True, True, False, False], 0.3, 3, 0),
@@ -195,8 +197,8 @@ def test_server_sparse_average_and_union_prune_by_hand() -> None:
     assert new.params["bias"].tolist() == pytest.approx([0.4])
     assert alg.server_metrics(new) == {"mask_churn": 0.5, "density": 0.5, "readjusted": 0.0}
     avg, union = _masks.masked_average(
-        [_masks.decode(u.tensors)[0] for u in uplinks],
-        [_masks.decode(u.tensors)[1] for u in uplinks],
+        [_codec.decode(u.tensors)[0] for u in uplinks],
+        [_codec.decode(u.tensors)[1] for u in uplinks],
         [3.0, 1.0],
     )
     assert avg["weight"].tolist() == [[1.5, 2.0, -4.0, 0.0]]
@@ -299,7 +301,7 @@ def test_counting_rule_through_the_payloads(fed: FederatedTensors) -> None:
         local = LocalConfig(epochs=1, batch_size=16, lr=0.1)
         ctx = ClientContext(round_, 0, model, local, torch.Generator().manual_seed(0))
         res = algorithm.client_update(down.decode(), fresh, fed.train[0], ctx)  # type: ignore[attr-defined]
-        kept = sum(int(m.sum()) for m in _masks.decode(res.uplink.decode())[1].values())
+        kept = sum(int(m.sum()) for m in _codec.decode(res.uplink.decode())[1].values())
         return _bits(res.uplink), kept, res.state
 
     # up, readjustment round (1): 32·(d_k·N_m + B) + N_m mask bits
@@ -374,10 +376,10 @@ def test_encode_and_decode_by_positions_equal_boolean_indexing() -> None:
     g = torch.Generator().manual_seed(4)
     mask = torch.rand(16, 9, generator=g) < 0.5
     w = torch.randn(16, 9, generator=g)
-    payload = _masks.encode({"w": w, "b": torch.ones(3)}, {"w": mask}, "sent")
+    payload = _codec.encode({"w": w, "b": torch.ones(3)}, {"w": mask}, "sent")
     sent = payload.decode()
-    assert torch.equal(sent[_masks.VALUES + "w"], w[mask])  # row-major order of the kept entries
-    params, masks = _masks.decode(sent)
+    assert torch.equal(sent[_codec.VALUES + "w"], w[mask])  # row-major order of the kept entries
+    params, masks = _codec.decode(sent)
     assert torch.equal(params["w"], torch.where(mask, w, 0.0)) and torch.equal(masks["w"], mask)
-    assert _masks.positions(mask) is _masks.positions(mask)  # found once per mask object
-    assert torch.equal(_masks.positions(mask), mask.reshape(-1).nonzero().squeeze(1))
+    assert _codec.positions(mask) is _codec.positions(mask)  # found once per mask object
+    assert torch.equal(_codec.positions(mask), mask.reshape(-1).nonzero().squeeze(1))

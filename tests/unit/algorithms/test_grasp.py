@@ -14,8 +14,8 @@ from torch.func import functional_call
 
 from fedcomm.algorithms import build_algorithm, grasp
 from fedcomm.algorithms.core import AlgorithmConfig, ClientData
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig, cross_entropy
+from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.models import build_model
 from fedcomm.simulation import loop

@@ -23,12 +23,12 @@ from fedcomm.algorithms.core import (
     WarmStartContext,
 )
 from fedcomm.algorithms.core.local import LocalConfig
-from fedcomm.algorithms.core.masks import apply_masks, density
-from fedcomm.algorithms.core.sparse_train import churn
 from fedcomm.algorithms.prunefl import algorithm as prunefl
 from fedcomm.algorithms.prunefl.client import ClientState, uploaded_model
 from fedcomm.algorithms.prunefl.readjust import is_readjust, prune_fraction, readjust
 from fedcomm.algorithms.prunefl.times import entry_times, maskable
+from fedcomm.algorithms.sparse import churn
+from fedcomm.algorithms.sparse.masks import apply_masks, density
 from fedcomm.comm.codecs import build_compressor
 from fedcomm.comm.payload import Payload
 from fedcomm.models import build_model

@@ -11,14 +11,15 @@ import torch
 from torch import Tensor
 
 from fedcomm.algorithms.core import ClientContext, ClientData, Uplink
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.local import LocalConfig
-from fedcomm.algorithms.core.sparse_train import churn
 from fedcomm.algorithms.feddst import client as dst_client
 from fedcomm.algorithms.feddst import readjust as dst_readjust
 from fedcomm.algorithms.feddst.comm import Downlinks, mask_charge
 from fedcomm.algorithms.prunefl import algorithm as prunefl
 from fedcomm.algorithms.prunefl.client import GRAD, downlink, mean_gradient, pack, unpack
+from fedcomm.algorithms.sparse import churn
+from fedcomm.algorithms.sparse import codec as _codec
+from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.comm.payload import Free, Mask
 
 
@@ -81,7 +82,7 @@ def test_downlinks_are_encoded_once_per_state_and_kind() -> None:
     assert sent.get(state, params, masks, "known", False) is not first
     assert sent.get(object(), params, masks, "sent", False) is not first
     assert mask_charge(None, "ones", "ones") == "known" and mask_charge("x", "ones", "y") == "sent"
-    assert isinstance(first[_masks.MASK + "w"], Mask)
+    assert isinstance(first[_codec.MASK + "w"], Mask)
 
 
 def test_prunefl_messages_round_trip_on_the_mask() -> None:

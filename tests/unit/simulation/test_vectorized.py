@@ -13,6 +13,7 @@ from torch import nn
 from fedcomm.algorithms.core import ClientData
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
+from fedcomm.algorithms.core import sequential as _sequential
 from fedcomm.models import build_model
 from fedcomm.simulation import allocator, vectorized
 from fedcomm.simulation.backends import model_unbatched_reason
@@ -159,7 +160,7 @@ def test_sequential_executor_matches_local_sgd_on_a_tied_model() -> None:
     cfg = _local.LocalConfig(batch_size=4, lr=0.5)
     batches = _local.batch_schedule(16, cfg, torch.Generator().manual_seed(1))
     job = _jobs.new_job(_jobs.LocalProgram(), params, data, cfg, batches, lambda r: r)  # type: ignore[arg-type, return-value]
-    ours = _jobs.train_job(job, model, cfg)
+    ours = _sequential.train_job(job, model, cfg)
     ref = _local.local_sgd(model, params, data, cfg, torch.Generator().manual_seed(1))
     for k in params:
         torch.testing.assert_close(ours.live[k], ref.params[k], rtol=0, atol=1e-6)

@@ -5,11 +5,13 @@
 * :mod:`.registry`: ``@register(Config)`` and :func:`build_algorithm`;
 * :mod:`.context`: what the round loop hands an algorithm and takes back (contexts, client
   data, results, uplinks);
-* :mod:`.jobs` (local training as data, for the vectorized backend), :mod:`.local` (the local
-  step), :mod:`.sgd` (the SGD rule, batch schedule, Adamax for auxiliary tensors);
-* :mod:`.masks` (sparse-training masks), :mod:`.grouped` (group-sparse views and codecs),
-  :mod:`.reuse` (one computation shared by a round's clients), :mod:`.sparse_train` (the config
-  and helpers FedDST, PruneFL, GraSP and RandomMask share).
+* :mod:`.jobs` (local training as data, and the step both backends run), :mod:`.sequential`
+  (the sequential executor), :mod:`.local` (the local step), :mod:`.sgd` (the SGD rule, batch
+  schedule, Adamax for auxiliary tensors);
+* :mod:`.grouped` (group-sparse views and codecs), :mod:`.reuse` (one computation shared by a
+  round's clients).
+
+The sparse-mask family's masks, budgets and messages are :mod:`fedcomm.algorithms.sparse`.
 
 This package re-exports the contract's, the registry's and the context's public names, so an
 algorithm imports them from ``fedcomm.algorithms.core``.

@@ -24,7 +24,7 @@ optax's state discipline), built from its pydantic config by a registered builde
 * ``client_job(downlink, client_state, data, ctx) -> LocalJob`` (optional) the local training
   as data (:mod:`fedcomm.algorithms.core.jobs`), so the vectorized backend can train a round's
   clients as one batched computation; ``client_update`` is then the job run sequentially
-  (``_jobs.job_client_update``). Without it, ``unbatched`` says why, and the vectorized
+  (``sequential.job_client_update``). Without it, ``unbatched`` says why, and the vectorized
   backend runs that algorithm's clients sequentially and logs the reason.
 
 An algorithm whose config's :meth:`AlgorithmConfig.extra_rounds` is positive runs that many
@@ -46,7 +46,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core.context import (
     ClientContext,
     ClientData,
@@ -58,6 +57,7 @@ from fedcomm.algorithms.core.context import (
     WarmStartContext,
 )
 from fedcomm.algorithms.core.jobs import LocalJob
+from fedcomm.algorithms.core.sequential import job_client_update
 from fedcomm.comm.compressors.config import CompressorConfig
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
@@ -118,7 +118,7 @@ class FedAlgorithm:
     # the structure trained and evaluated, built around the registry's model (deterministic in
     # the seed): ProgFed's progressive net with temporary heads; raises ValueError if impossible
     prepare_model: Callable[[nn.Module, int], nn.Module] | None = None
-    # local training as a job (``client_update`` is then ``_jobs.job_client_update``): lets the
+    # local training as a job (``client_update`` is then ``sequential.job_client_update``): lets the
     # vectorized backend train the round's clients as one batched computation
     client_job: (
         Callable[[Mapping[str, Tensor], ClientState, ClientData, ClientContext], LocalJob] | None
@@ -161,7 +161,7 @@ def job_algorithm(
         config=cfg,
         init_server=init_server,
         broadcast=broadcast,
-        client_update=_jobs.job_client_update(client_job),
+        client_update=job_client_update(client_job),
         client_job=client_job,
         server_update=server_update,
     )

@@ -3,8 +3,8 @@
 An algorithm that builds its local training as a :class:`LocalJob` (``client_job`` in the
 contract) runs on both backends from the same code:
 
-* the sequential backend calls :func:`run_job`: eager autograd, in-place ``_foreach`` updates,
-  one client at a time;
+* the sequential backend calls :func:`fedcomm.algorithms.core.sequential.run_job`: eager
+  autograd, in-place ``_foreach`` updates, one client at a time;
 * the vectorized backend (:mod:`fedcomm.simulation.vectorized`) stacks the jobs of a round that
   share a :class:`LocalProgram` and tensor shapes, and runs them as one batched computation:
   ``torch.func.vmap`` over the gradient phase, the same update rule in place on the stacked
@@ -17,20 +17,23 @@ FedBIAD's weight noise) is drawn *outside* the step by ``draws()`` from the clie
 generator, in the order the sequential code draws it, and enters the step as frozen tensors:
 the same seed gives the same draws on both backends. Host-side logic between steps (FedBIAD's
 pattern resampling, FedDST's mid-training readjustment) is ``after_step`` at the listed steps.
+
+Here: the job (:class:`LocalProgram`, :class:`LocalJob`, :class:`JobResult`, :func:`new_job`) and
+the step both executors run (the data loss, :func:`grad_fn`, :func:`apply_update`); the
+sequential executor itself is :mod:`fedcomm.algorithms.core.sequential`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.nn.utils.stateless import _reparametrize_module
 
 from fedcomm.algorithms.core.context import ClientContext, ClientData, ClientResult
 from fedcomm.algorithms.core.sgd import (
@@ -118,7 +121,7 @@ class LocalJob:
 
 
 def unfinished(result: JobResult) -> ClientResult:
-    """``finish`` of a job trained directly with :func:`train_job` (never called)."""
+    """``finish`` of a job trained directly with :func:`.sequential.train_job` (never called)."""
     raise RuntimeError("this job is trained with train_job and has no client result")
 
 
@@ -154,6 +157,9 @@ def new_job(
         after_step,
         hook_steps,
     )
+
+
+ClientJob = Callable[[Mapping[str, Tensor], Any, ClientData, ClientContext], LocalJob]
 
 
 def weighted_cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
@@ -195,8 +201,8 @@ def grad_fn(
     ``functional=True`` is the form vmapped over clients (:func:`torch.func.grad`), ``False`` the
     eager form of the sequential backend (:func:`torch.autograd.grad`). ``bound=True`` (eager
     only, no ``param_map``): ``live`` are leaf tensors the caller has bound into ``model`` for the
-    whole job (:func:`train_job`), so a step is a plain ``model(xb)``, without re-binding the
-    module's parameters every step.
+    whole job (:func:`.sequential.train_job`), so a step is a plain ``model(xb)``, without
+    re-binding the module's parameters every step.
     """
     names = frozenset(n for n, _ in model.named_parameters())
     aux_keys = program.aux.keys if program.aux is not None else frozenset()
@@ -301,94 +307,3 @@ def apply_update(
         new_live, new_bufs = _adamax({k: live[k] for k in aux_grads}, dict(aux_grads), bufs, aux)
         live.update(new_live)
         bufs.update(new_bufs)
-
-
-def run_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> ClientResult:
-    """Run one job on the sequential backend and finish it."""
-    return job.finish(train_job(job, model, cfg))
-
-
-def train_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> JobResult:
-    """The sequential executor: one step after the other, eager autograd, in-place updates.
-
-    Without a ``param_map`` the trained tensors are leaves bound into ``model`` once for the job
-    (the module's parameters are swapped back afterwards) and updated in place, so a step costs a
-    plain forward and backward; results equal the per-step :func:`functional_call` form's.
-    """
-    program = job.program
-    names = {n for n, _ in model.named_parameters()}
-    bound = program.param_map is None and set(job.live) <= names and not names & set(job.frozen)
-    live = {k: v.clone() for k, v in job.live.items()}
-    bufs = {k: v.clone() for k, v in job.bufs.items()}
-    if not bound:
-        return _steps(job, model, cfg, live, bufs, bound=False)
-    live = {k: v.requires_grad_(True) for k, v in live.items()}
-    with _reparametrize_module(model, live, tie_weights=True):  # as functional_call ties
-        res = _steps(job, model, cfg, live, bufs, bound=True)
-    return replace(res, live={k: v.detach() for k, v in res.live.items()})
-
-
-def _steps(
-    job: LocalJob,
-    model: nn.Module,
-    cfg: LocalConfig,
-    live: dict[str, Tensor],
-    bufs: dict[str, Tensor],
-    *,
-    bound: bool,
-) -> JobResult:
-    """The steps of :func:`train_job`; with ``bound`` the ``live`` leaves are updated in place
-    (projections and hook updates are copied into them)."""
-    program = job.program
-    phase = grad_fn(model, program, cfg, functional=False, bound=bound)
-    frozen = job.frozen
-    losses: list[Tensor] = []
-    for i, idx in enumerate(job.batches):
-        step_frozen = {**frozen, **job.draws()} if job.draws is not None else frozen
-        grads, aux_grads, loss = phase(live, step_frozen, job.data.x[idx], job.data.y[idx], None)
-        losses.append(loss)
-        if program.skip_loss is None or float(loss) < program.skip_loss:
-            before = (
-                {k: v.detach().clone() for k, v in live.items()} if program.post_reads_old else {}
-            )
-            apply_update(live, bufs, grads, aux_grads, cfg, program.aux)
-            if program.post_step is not None:
-                with torch.no_grad():
-                    projected = program.post_step(live, step_frozen, before)
-                live = _assign(live, projected, bound)
-        if job.after_step is not None and i in job.hook_steps:
-            view = {k: v.detach() for k, v in live.items()}
-            updates = job.after_step(i, float(loss), view, frozen, idx)
-            if updates is not None:
-                live = _assign(live, {k: v.clone() for k, v in updates[0].items()}, bound)
-                frozen = {**frozen, **updates[1]}
-    mean = float(torch.stack(losses).mean()) if losses else float("nan")
-    return JobResult(live, frozen, bufs, mean, len(losses))
-
-
-@torch.no_grad()
-def _assign(live: dict[str, Tensor], new: Mapping[str, Tensor], bound: bool) -> dict[str, Tensor]:
-    """``live`` with ``new`` values: copied into the bound leaves, else replacing them."""
-    if not bound:
-        return {**live, **new}
-    for k, v in new.items():
-        if v is not live[k]:
-            live[k].copy_(v)
-    return live
-
-
-ClientJob = Callable[[Mapping[str, Tensor], Any, ClientData, ClientContext], LocalJob]
-
-
-def job_client_update(
-    client_job: ClientJob,
-) -> Callable[[Mapping[str, Tensor], Any, ClientData, ClientContext], ClientResult]:
-    """``client_update`` of an algorithm defined by its ``client_job``: the job run sequentially
-    on the context's model."""
-
-    def client_update(
-        down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
-    ) -> ClientResult:
-        return run_job(client_job(down, cstate, data, ctx), ctx.model, ctx.local)
-
-    return client_update

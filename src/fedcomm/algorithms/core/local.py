@@ -1,8 +1,8 @@
 """The one local-training loop every algorithm composes: :func:`local_sgd`.
 
-It runs a client's local SGD as a job (:mod:`fedcomm.algorithms.core.jobs`, the sequential
-executor) over the step rule of :mod:`fedcomm.algorithms.core.sgd`. Algorithms vary it through
-hooks, never by copying it:
+It runs a client's local SGD as a job (:mod:`fedcomm.algorithms.core.jobs`) on the sequential
+executor (:mod:`fedcomm.algorithms.core.sequential`) over the step rule of
+:mod:`fedcomm.algorithms.core.sgd`. Algorithms vary it through hooks, never by copying it:
 
 * ``loss_hook(params, loss) -> loss``  extra terms of the local objective (e.g. L1 on groups);
 * ``grad_hook(params, grads) -> grads`` gradient corrections (FedProx's ``μ(w - w_t)``);
@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core.context import ClientData
+from fedcomm.algorithms.core.sequential import train_job
 from fedcomm.algorithms.core.sgd import (
     AuxAdamax,
     GradHook,
@@ -78,11 +79,12 @@ def local_sgd(
     """Run local SGD from ``params`` on ``data``; returns new detached params and the mean loss.
 
     ``trainable`` may freeze parameters by name (they are still used in the forward pass).
-    The steps are :func:`fedcomm.algorithms.core.jobs.train_job`'s (the sequential executor) over
-    the batches of :func:`batch_schedule`. ``bufs`` is the
-    optimizer state to start from (e.g. a client's persistent momentum; default: fresh); the
-    state at the end is returned in :attr:`LocalResult.bufs`. The mean loss covers every
-    minibatch, including steps skipped by ``skip_loss``.
+    The steps are the sequential executor's
+    (:func:`fedcomm.algorithms.core.sequential.train_job`) over the batches of
+    :func:`batch_schedule`. ``bufs`` is the optimizer state to start from (e.g. a client's
+    persistent momentum; default: fresh); the state at the end is returned in
+    :attr:`LocalResult.bufs`. The mean loss covers every minibatch, including steps skipped by
+    ``skip_loss``.
     """
     project = post_step
     program = _jobs.LocalProgram(
@@ -103,6 +105,6 @@ def local_sgd(
     job = _jobs.new_job(
         program, live, data, cfg, batches, _jobs.unfinished, frozen=frozen, bufs=bufs
     )
-    res = _jobs.train_job(job, model, cfg)
+    res = train_job(job, model, cfg)
     out = {k: (res.live[k] if k in res.live else frozen[k]) for k in params}
     return LocalResult(out, res.loss, res.steps, res.bufs)

@@ -4,7 +4,7 @@ Bibikar et al., "Federated Dynamic Sparse Training: Computing Less, Communicatin
 Learning Better", AAAI 2022 (arXiv:2112.09824). The paper body was not available; behaviour
 follows the official code (bibikar/feddst @ 25d6184) as read in ``specs/feddst-progfed.md`` §1.
 Equation numbers are the paper's (``papers/feddst.txt``): (2) the cosine ``α_r``, (3) the sparse
-weighted average. Masks, layer budgets ``k_l(S)``, messages: :mod:`fedcomm.algorithms.core.masks`;
+weighted average. Masks, layer budgets ``k_l(S)``, messages: :mod:`fedcomm.algorithms.sparse`;
 the readjustment (Eq. 2, prune, regrow, its schedule): :mod:`fedcomm.algorithms.feddst.readjust`;
 the client's masked job and upload: :mod:`fedcomm.algorithms.feddst.client`.
 
@@ -57,7 +57,6 @@ from torch import Tensor, nn
 from fedcomm.algorithms import core
 from fedcomm.algorithms.core import FedAlgorithm
 from fedcomm.algorithms.core import jobs as _jobs
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.context import (
     ClientContext,
     ClientData,
@@ -66,8 +65,6 @@ from fedcomm.algorithms.core.context import (
     Uplink,
     WarmStartContext,
 )
-from fedcomm.algorithms.core.masks import Masks
-from fedcomm.algorithms.core.sparse_train import SparseConfig, churn, layers_of, validate_model
 from fedcomm.algorithms.feddst import client
 from fedcomm.algorithms.feddst.client import ClientShared, ClientState, frozen_masks
 from fedcomm.algorithms.feddst.comm import Downlinks, mask_charge
@@ -76,6 +73,11 @@ from fedcomm.algorithms.feddst.readjust import (
     Readjustment,
     readjust_step,
 )
+from fedcomm.algorithms.sparse import SparseConfig, churn, layers_of, validate_model
+from fedcomm.algorithms.sparse import budgets as _budgets
+from fedcomm.algorithms.sparse import codec as _codec
+from fedcomm.algorithms.sparse import masks as _masks
+from fedcomm.algorithms.sparse.masks import Masks
 from fedcomm.comm.payload import Payload
 from fedcomm.types import ParamDict
 
@@ -126,7 +128,7 @@ def init_state(
 ) -> ServerState:
     """``m_0``: layer-wise magnitude pruning of ``θ_0`` to ``k_l(S)`` (all ones if ``dense``)."""
     layers = layers_of(model)
-    budgets = _masks.layer_budgets(layers, cfg.sparsity, cfg.distribution)
+    budgets = _budgets.layer_budgets(layers, cfg.sparsity, cfg.distribution)
     ones = _masks.ones(layers, next(iter(params.values())).device)
     masks = ones if dense else _masks.prune_to_budgets(params, ones, budgets)
     return ServerState(
@@ -175,7 +177,7 @@ def aggregate(
 ) -> ServerState:
     """Sparse weighted average of the clients' ``θ_k ⊙ m_k`` over the union of their masks
     (Eq. 3), magnitude-pruned back to ``k_l(S)``; ``θ ← θ ⊙ m``."""
-    decoded = [_masks.decode(u.tensors) for u in uplinks]
+    decoded = [_codec.decode(u.tensors) for u in uplinks]
     weights = core.client_weights(uplinks, weighting)
     values, votes = [p for p, _ in decoded], [m for _, m in decoded]
     avg, union = _masks.masked_average(values, votes, weights)  # Eq. 3
@@ -240,7 +242,7 @@ def make(
         server_update=server_update,
         init_client=lambda client_id: ClientState(),
         server_metrics=server_metrics,
-        uploaded_model=lambda down, up: _masks.decode(up)[0],
+        uploaded_model=lambda down, up: _codec.decode(up)[0],
         validate_model=validate_model,
         warm_start=warm_start,
         sparse_compute=True,  # masked training: sparse kernels compute the kept weights only

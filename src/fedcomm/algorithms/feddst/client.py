@@ -21,9 +21,10 @@ from torch.func import functional_call
 from fedcomm.algorithms.core import ClientContext, ClientData, ClientResult
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.reuse import Reused
-from fedcomm.algorithms.core.sparse_train import churn
+from fedcomm.algorithms.sparse import churn
+from fedcomm.algorithms.sparse import codec as _codec
+from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.types import ParamDict
 
 MASK = "mask."  # a client's current masks in its job's frozen tensors
@@ -67,7 +68,7 @@ class ClientShared:
 
     def downlink(self, down: Mapping[str, Tensor]) -> tuple[ParamDict, _masks.Masks]:
         """The global ``(θ ⊙ m, m)``, decoded once per round."""
-        return self.decoded.get(list(down.values()), lambda: _masks.decode(down))
+        return self.decoded.get(list(down.values()), lambda: _codec.decode(down))
 
 
 def readjust_batch(num_batches: int, per_epoch: int, at_epoch: int | None) -> int:
@@ -101,7 +102,7 @@ def ce_grads(
 
 def finish(
     name: str,
-    upload_mask: _masks.MaskCharge | None,
+    upload_mask: _codec.MaskCharge | None,
     shared: ClientShared,
     start: _masks.Masks,
     data: ClientData,
@@ -115,7 +116,7 @@ def finish(
     if upload_mask is not None:
         metrics[f"{name}/client_churn"] = churn(start, now)
     return ClientResult(
-        uplink=_masks.encode(final, now, upload_mask or "known"),
+        uplink=_codec.encode(final, now, upload_mask or "known"),
         state=ClientState(shared.digests.get(list(now.values()), lambda: _masks.digest(now))),
         local_params=final,
         num_examples=data.num_examples,

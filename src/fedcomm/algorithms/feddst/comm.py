@@ -1,4 +1,4 @@
-"""FedDST's messages and what they cost (spec §1(c); layout: :mod:`fedcomm.algorithms.core.masks`).
+"""FedDST's messages and what they cost (spec §1(c); layout: :mod:`fedcomm.algorithms.sparse`).
 
 ``N_m`` maskable weights, ``B`` bias/other entries, 32-bit values:
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.sparse import codec as _codec
 from fedcomm.comm.payload import Payload
 
 
 def mask_charge(
     client_digest: str | None, ones_digest: str, global_digest: str
-) -> _masks.MaskCharge:
+) -> _codec.MaskCharge:
     """``known`` when the client's mask (all ones before its first round) is the global one."""
     return "known" if (client_digest or ones_digest) == global_digest else "sent"
 
@@ -40,7 +40,7 @@ class Downlinks:
         state: object,
         params: Mapping[str, Tensor],
         masks: Mapping[str, Tensor],
-        charge: _masks.MaskCharge,
+        charge: _codec.MaskCharge,
         free: bool,
     ) -> Payload:
         """``θ ⊙ m`` of ``state`` with its masks charged per ``charge``; ``free``: values cost
@@ -48,5 +48,5 @@ class Downlinks:
         if self.state is not state:
             self.state, self.payloads = state, {}
         if (charge, free) not in self.payloads:
-            self.payloads[(charge, free)] = _masks.encode(params, masks, charge, free_values=free)
+            self.payloads[(charge, free)] = _codec.encode(params, masks, charge, free_values=free)
         return self.payloads[(charge, free)]

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.context import ClientContext, ClientData
-from fedcomm.algorithms.core.masks import Masks
-from fedcomm.algorithms.core.sparse_train import SparseConfig, layers_of
 from fedcomm.algorithms.feddst import client
 from fedcomm.algorithms.feddst.client import frozen_masks, masks_of
+from fedcomm.algorithms.sparse import SparseConfig, layers_of
+from fedcomm.algorithms.sparse import budgets as _budgets
+from fedcomm.algorithms.sparse import codec as _codec
+from fedcomm.algorithms.sparse import masks as _masks
+from fedcomm.algorithms.sparse.masks import Masks
 from fedcomm.types import ParamDict
 
 DEFAULT_READJUST_END = 200  # the code's R // 2 at its default R = 400 rounds
@@ -58,7 +60,7 @@ class Readjustment:
     schedule: str = "gate_only"
     candidates: str = "all"
     at_epoch: int | None = None
-    upload_mask: _masks.MaskCharge = "sent"
+    upload_mask: _codec.MaskCharge = "sent"
 
     def alpha_at(self, round_: int) -> float:
         """``α_r``: the pruning ratio of round ``round_`` (Eq. 2, :func:`annealed_ratio`)."""
@@ -124,8 +126,8 @@ def readjust_step(
         live,
         current,
         grads,
-        _masks.layer_budgets(layers, s_prune, cfg.distribution),
-        _masks.layer_budgets(layers, S, cfg.distribution),
+        _budgets.layer_budgets(layers, s_prune, cfg.distribution),
+        _budgets.layer_budgets(layers, S, cfg.distribution),
         adjust.candidates,
     )
     return {k: new_params[k] for k in new_masks}, frozen_masks(new_masks)

@@ -46,7 +46,6 @@ from torch import Tensor
 
 from fedcomm.algorithms import core
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.context import (
     ClientContext,
     ClientData,
@@ -56,7 +55,6 @@ from fedcomm.algorithms.core.context import (
     Uplink,
     WarmStartContext,
 )
-from fedcomm.algorithms.core.sparse_train import churn
 from fedcomm.algorithms.prunefl.client import (
     GRAD,
     MASK,
@@ -72,6 +70,8 @@ from fedcomm.algorithms.prunefl.client import (
 )
 from fedcomm.algorithms.prunefl.readjust import is_readjust, prune_fraction, readjust
 from fedcomm.algorithms.prunefl.times import entry_times, maskable, validate_model
+from fedcomm.algorithms.sparse import churn
+from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.comm.payload import Dense, Mask, Payload
 from fedcomm.server_opt import OptState, Transform
 from fedcomm.types import ParamDict

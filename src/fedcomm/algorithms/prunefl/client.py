@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from fedcomm.algorithms.core import ClientData, Uplink, weighted_mean
 from fedcomm.algorithms.core import local as _local
-from fedcomm.algorithms.core import masks as _masks
+from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.comm.payload import Dense, Entry, Free, Mask, Payload
 from fedcomm.types import ParamDict
 

@@ -1,4 +1,4 @@
-"""Sparse training beyond :mod:`fedcomm.algorithms.core.masks`: the config, model check and churn.
+"""What the sparse-mask family shares beyond :mod:`.masks`: the config, model check and churn.
 
 FedDST, RandomMask and GraSP share :class:`SparseConfig` (the target sparsity ``S``, the layer
 budgets, the weighting of clients, the free initial download) and need a model with maskable
@@ -17,8 +17,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedcomm.algorithms.core import masks as _masks
 from fedcomm.algorithms.core.contract import AlgorithmConfig
+from fedcomm.algorithms.sparse import masks as _masks
+from fedcomm.algorithms.sparse.budgets import Distribution
 from fedcomm.server_opt import ServerOptConfig
 
 
@@ -26,7 +27,7 @@ class SparseConfig(AlgorithmConfig):
     """Fields shared by the fixed- and dynamic-mask algorithms."""
 
     sparsity: float = Field(0.8, ge=0, lt=1, description="S: target sparsity of maskable weights")
-    distribution: _masks.Distribution = Field(
+    distribution: Distribution = Field(
         "official", description="layer budgets: the FedDST code's rule, RigL's ERK or uniform"
     )
     weighting: Literal["num_examples", "uniform"] = "num_examples"
