@@ -290,7 +290,7 @@ def _upsampled(fed: FederatedTensors) -> FederatedTensors:
     [
         ("fedbiad", {"softmax_rows": "kept"}),  # a softmax over the kept output rows
         ("fedbiad", {"rescale_rows": True}),
-        ("feddrop", {"rescale": True}),  # inverted dropout
+        ("feddrop", {"rescale": False}),  # no inverted dropout (on by default)
         ("fedsparse", {"gate_optimizer": "sgd", "gate_lr": 0.1}),
     ],
 )
