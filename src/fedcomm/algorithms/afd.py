@@ -155,7 +155,7 @@ def _server_metrics(state: ServerState) -> dict[str, float]:
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     def init(base: submodel.ServerState, ctx: RoundContext) -> ServerState:
         """Round 1: a uniformly random sub-model (from ``(seed, ALGORITHM, 0)``), scores 0."""
         scores = {s.name: torch.zeros(s.count, device="cpu") for s in base.layers}  # with the draws

@@ -83,7 +83,7 @@ def make(
     weighting: str,
     anchored_hook: _local.GradHook | None = None,
     average: str = "all",
-) -> FedAlgorithm:
+) -> FedAlgorithm[ServerState]:
     """FedAvg's functions; ``anchored_hook(full, grads)`` adds a local gradient term that reads
     ``w_t`` as ``full[ANCHOR + name]`` (FedProx)."""
     opt: Transform = cfg.server.build()
@@ -131,5 +131,5 @@ def make(
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     return make(cfg, cfg.weighting, average=cfg.average)

@@ -105,7 +105,7 @@ def sign_direction(
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     opt = cfg.server.build()
     gradient_rule = cfg.server_rule == "gradient"
 

@@ -190,7 +190,7 @@ def noisy_copies(
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     opt = cfg.server.build()
     adam_rule = cfg.server_rule == "adam"
 

@@ -84,7 +84,7 @@ def keep_shares(cfg: Config, layers: Sequence[GroupSpec]) -> dict[str, float]:
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[submodel.ServerState]:
     # per model structure: its inverted-dropout scaler (``rescale``) and local program
     built: dict[int, tuple[nn.Module, _local.ParamMap, _jobs.LocalProgram]] = {}
 

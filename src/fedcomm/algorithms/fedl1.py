@@ -104,7 +104,7 @@ class ServerState:
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     opt = cfg.server.build()
     lam = cfg.threshold
 

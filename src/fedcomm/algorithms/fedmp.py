@@ -97,7 +97,7 @@ def r2sp(
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[submodel.ServerState]:
     def keep(state: submodel.ServerState, client_id: int, ctx: RoundContext) -> dict[str, Tensor]:
         return prune_units(state.layers, state.params, cfg.p)  # the same for every client
 

@@ -51,5 +51,5 @@ def anchored_proximal(mu: float) -> _local.GradHook:
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[fedavg.ServerState]:
     return fedavg.make(cfg, cfg.weighting, anchored_hook=anchored_proximal(cfg.mu))

@@ -103,7 +103,7 @@ PROGRAM = _jobs.LocalProgram(param_map=_width_masked)
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[submodel.ServerState]:
     def client_job(
         down: Mapping[str, Tensor], cstate: None, data: ClientData, ctx: ClientContext
     ) -> _jobs.LocalJob:

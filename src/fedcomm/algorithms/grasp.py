@@ -118,7 +118,7 @@ def grasp_mask(scores: Mapping[str, Tensor], kept: int | Mapping[str, int]) -> _
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[feddst.ServerState]:
     S = cfg.sparsity
 
     def warm_start(

@@ -111,7 +111,7 @@ def local_program(cfg: Config, layers: Sequence[GroupSpec]) -> _jobs.LocalProgra
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[submodel.ServerState]:
     programs: dict[int, tuple[nn.Module, _jobs.LocalProgram]] = {}
 
     def program_for(model: nn.Module) -> _jobs.LocalProgram:

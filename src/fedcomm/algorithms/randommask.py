@@ -22,5 +22,5 @@ class Config(SparseConfig):
 
 
 @register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[feddst.ServerState]:
     return feddst.make(cfg, None)

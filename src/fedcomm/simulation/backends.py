@@ -65,7 +65,7 @@ class Backend:
     def __init__(
         self,
         name: str,
-        algorithm: FedAlgorithm,
+        algorithm: FedAlgorithm[Any],
         model: nn.Module,
         data: FederatedTensors,
         local: LocalConfig,
@@ -114,7 +114,7 @@ class RoundInputs:
     """What step 3 of a round needs: the cohort and everything its clients read."""
 
     cohort: Sequence[int]
-    algorithm: FedAlgorithm
+    algorithm: FedAlgorithm[Any]
     state_of: StateOf
     server: Any  # the server state (fixed during the round)
     rctx: RoundContext
@@ -191,7 +191,7 @@ def client_threads(model: nn.Module, data: FederatedTensors, local: LocalConfig)
 def _vectorized(
     r: RoundInputs, chunk_size: int | str, autocast: Autocast, sizes: dict[tuple[Any, ...], int]
 ) -> Iterator[Turn]:
-    client_job = r.algorithm.client_job
+    client_job = r.algorithm.execution.client_job
     assert client_job is not None
     prepared = []
     for cid in r.cohort:  # every broadcast and job first (the server state is fixed in a round)
@@ -215,11 +215,11 @@ def _vectorized(
 
 
 def unbatched_reason(
-    algorithm: FedAlgorithm, model: nn.Module, data: FederatedTensors, local: LocalConfig
+    algorithm: FedAlgorithm[Any], model: nn.Module, data: FederatedTensors, local: LocalConfig
 ) -> str | None:
     """Why this run's clients cannot train as one batch (None: they can)."""
-    if algorithm.client_job is None:
-        return algorithm.unbatched or "it has no batched form (no client_job)"
+    if algorithm.execution.client_job is None:
+        return algorithm.execution.unbatched or "it has no batched form (no client_job)"
     return model_unbatched_reason(model, data, local)
 
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -128,7 +128,7 @@ def sample_cohort(seed: int, round_: int, num_clients: int, k: int) -> list[int]
 
 def run(
     cfg: LoopConfig,
-    algorithm: FedAlgorithm,
+    algorithm: FedAlgorithm[Any],
     model: nn.Module,
     data: FederatedTensors,
     compressor: Compressor,
@@ -168,7 +168,7 @@ def run(
 
 def _run(
     cfg: LoopConfig,
-    algorithm: FedAlgorithm,
+    algorithm: FedAlgorithm[Any],
     model: nn.Module,
     data: FederatedTensors,
     compressor: Compressor,
@@ -201,7 +201,12 @@ def _run(
         None
         if cfg.system is None
         else timed.SystemRun.build(
-            cfg.system, model, data, cfg.seed, cfg.data_root, sparse=algorithm.sparse_compute
+            cfg.system,
+            model,
+            data,
+            cfg.seed,
+            cfg.data_root,
+            sparse=algorithm.execution.sparse_compute,
         )
     )
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
@@ -218,7 +223,7 @@ def _run(
 
 def _start(
     cfg: LoopConfig,
-    algorithm: FedAlgorithm,
+    algorithm: FedAlgorithm[Any],
     model: nn.Module,
     data: FederatedTensors,
     dev: torch.device,

@@ -46,7 +46,7 @@ from fedcomm.simulation.local_eval import ClientRecord
 class RunParts:
     """What every round of one run uses, fixed for the run (the loop builds it once)."""
 
-    algorithm: FedAlgorithm
+    algorithm: FedAlgorithm[Any]
     model: nn.Module  # the one model structure: training (sequential) and evaluation
     data: FederatedTensors
     compressor: Compressor

@@ -8,6 +8,8 @@ exchanged are the ledger's round-0 rows.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from fedcomm.algorithms.core import FedAlgorithm, RoundContext, WarmStartContext
@@ -19,7 +21,7 @@ from fedcomm.simulation.data import FederatedTensors
 
 
 def initial_state(
-    algorithm: FedAlgorithm,
+    algorithm: FedAlgorithm[Any],
     model: nn.Module,
     data: FederatedTensors,
     seed: int,

@@ -8,8 +8,8 @@ left out (a few percent of a convolution's or a matrix product's). Training one 
 3x its forward pass (the backward pass is about twice the forward).
 
 A client is charged for the layers it actually computes. For an algorithm whose clients train a
-masked model or a sub-model (``FedAlgorithm.sparse_compute``): each weight's FLOPs times the
-fraction of that weight that is nonzero in the model the client trained. A masked sparse model
+masked model or a sub-model (``FedAlgorithm.execution.sparse_compute``): each weight's FLOPs times
+the fraction of that weight that is nonzero in the model the client trained. A masked sparse model
 (FedDST, RandomMask, PruneFL, GraSP) costs its density, the FLOPs sparse kernels would execute; a
 sub-model whose dropped units are zero (FedDrop, AFD, FedMP, HeteroFL, FjORD, FedBIAD) costs its
 kept part. A weight absent from the trained model, such as a progressive model's later stages,

@@ -84,13 +84,15 @@ def test_kl_coef_is_one_over_alpha_times_target_count(alpha: float, kl: bool) ->
     # with n = 6 labels: 1/(α·6); kl off: 0
     cfg = fedbiad.Config(p=0.5, alpha=alpha, kl=kl)
     alg = build_algorithm(cfg)
-    assert alg.client_job is not None
+    assert alg.execution.client_job is not None
     local = LocalConfig(steps=1, batch_size=6)
     images = ClientData(torch.randn(6, 1, 8, 8), torch.arange(6))  # y (6,)
     tokens = _tokens(6, 5)
     assert tuple(tokens.y.shape) == (6, 5)
     for model, data, terms in ((_lstm(), tokens, 30), (_mlp(), images, 6)):
-        job = alg.client_job(_params(model), fedbiad.ClientState(), data, _ctx(model, local))
+        job = alg.execution.client_job(
+            _params(model), fedbiad.ClientState(), data, _ctx(model, local)
+        )
         want = 1.0 / (alpha * terms) if kl else 0.0
         assert float(job.frozen[KL_COEF]) == pytest.approx(want, rel=1e-6)
 

@@ -21,11 +21,9 @@ optax's state discipline), built from its pydantic config by a registered builde
 * ``prepare_model(model, seed) -> model`` (optional) the structure the algorithm trains and
   evaluates, built around the registry's model (ProgFed's progressive net with its temporary
   heads); the loop and the evaluate stage call it, and it must be deterministic in ``seed``.
-* ``client_job(downlink, client_state, data, ctx) -> LocalJob`` (optional) the local training
-  as data (:mod:`fedcomm.algorithms.core.jobs`), so the vectorized backend can train a round's
-  clients as one batched computation; ``client_update`` is then the job run sequentially
-  (``sequential.job_client_update``). Without it, ``unbatched`` says why, and the vectorized
-  backend runs that algorithm's clients sequentially and logs the reason.
+* ``execution`` (optional) how the simulator may run and charge it, not what it computes: an
+  :class:`Execution` record of hints for the backends and the clock (the local training as a
+  batched job, why there is none, sparse compute).
 
 An algorithm whose config's :meth:`AlgorithmConfig.extra_rounds` is positive runs that many
 rounds on top of ``train.rounds`` (ProgFed's warm-up rounds, which do not count toward T).
@@ -40,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,14 +54,14 @@ from fedcomm.algorithms.core.context import (
     Uplink,
     WarmStartContext,
 )
-from fedcomm.algorithms.core.jobs import LocalJob
+from fedcomm.algorithms.core.jobs import ClientJob
 from fedcomm.algorithms.core.sequential import job_client_update
 from fedcomm.comm.compressors.config import CompressorConfig
 from fedcomm.comm.payload import Payload
 from fedcomm.server_opt import ServerOptConfig
 from fedcomm.types import ParamDict
 
-ServerState = Any
+S = TypeVar("S")  # one algorithm's server state (``fedavg.ServerState``, ...)
 
 
 class AlgorithmConfig(BaseModel):
@@ -87,20 +85,43 @@ class AlgorithmConfig(BaseModel):
 
 
 @dataclass(frozen=True)
-class FedAlgorithm:
-    """An FL algorithm as a value of pure functions over explicit state."""
+class Execution:
+    """How the simulator may run an algorithm and what its clients' compute costs: hints for the
+    backends and the clock, not semantics (``client_update`` alone defines the client step, and
+    a run's numbers do not depend on which backend ran it).
+
+    * ``client_job(downlink, client_state, data, ctx) -> LocalJob``: the local training as data
+      (:mod:`fedcomm.algorithms.core.jobs`), so the vectorized backend can train a round's
+      clients as one batched computation; ``client_update`` is then this job run sequentially
+      (:func:`.sequential.job_client_update`, which :func:`job_algorithm` wires);
+    * ``unbatched``: without a job, why (logged when the vectorized backend falls back to
+      running the algorithm's clients one at a time);
+    * ``sparse_compute``: its clients train a masked sparse model or a sub-model, so a system
+      section's clock charges each weight's nonzero fraction of its FLOPs
+      (:mod:`fedcomm.system.flops`), not the dense model's.
+    """
+
+    client_job: ClientJob | None = None
+    unbatched: str | None = None
+    sparse_compute: bool = False
+
+
+@dataclass(frozen=True)
+class FedAlgorithm(Generic[S]):
+    """An FL algorithm as a value of pure functions over explicit state; ``S`` is its server
+    state's type."""
 
     name: str
     config: AlgorithmConfig
-    init_server: Callable[[ParamDict, RoundContext], ServerState]
+    init_server: Callable[[ParamDict, RoundContext], S]
     init_client: Callable[[int], ClientState]
-    broadcast: Callable[[ServerState, int, ClientState, RoundContext], Payload]
+    broadcast: Callable[[S, int, ClientState, RoundContext], Payload]
     client_update: Callable[
         [Mapping[str, Tensor], ClientState, ClientData, ClientContext], ClientResult
     ]
-    server_update: Callable[[ServerState, Sequence[Uplink], RoundContext], ServerState]
-    global_params: Callable[[ServerState], ParamDict]
-    server_metrics: Callable[[ServerState], Mapping[str, float]] = lambda s: {}
+    server_update: Callable[[S, Sequence[Uplink], RoundContext], S]
+    global_params: Callable[[S], ParamDict]
+    server_metrics: Callable[[S], Mapping[str, float]] = lambda s: {}
     # the model a client's (possibly compressed) upload stands for, from the decoded downlink and
     # uplink; the loop evaluates it for local accuracy when an uplink compressor changed the payload
     uploaded_model: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], ParamDict] | None = None
@@ -109,26 +130,13 @@ class FedAlgorithm:
     # work before round 1 on clients' train splits (indexed by client id); its messages are
     # charged as round 0
     warm_start: (
-        Callable[
-            [ServerState, Sequence[ClientData], WarmStartContext],
-            tuple[ServerState, Sequence[Message]],
-        ]
-        | None
+        Callable[[S, Sequence[ClientData], WarmStartContext], tuple[S, Sequence[Message]]] | None
     ) = None
     # the structure trained and evaluated, built around the registry's model (deterministic in
     # the seed): ProgFed's progressive net with temporary heads; raises ValueError if impossible
     prepare_model: Callable[[nn.Module, int], nn.Module] | None = None
-    # local training as a job (``client_update`` is then ``sequential.job_client_update``): lets the
-    # vectorized backend train the round's clients as one batched computation
-    client_job: (
-        Callable[[Mapping[str, Tensor], ClientState, ClientData, ClientContext], LocalJob] | None
-    ) = None
-    # why this algorithm's clients cannot be batched (logged when the vectorized backend falls
-    # back to sequential for it)
-    unbatched: str | None = None
-    # its clients train a masked sparse model or a sub-model: a system section's clock charges
-    # each weight's nonzero fraction of its FLOPs (system/flops.py), not the dense model's
-    sparse_compute: bool = False
+    # how the simulator may run it: the backends' and the clock's hints
+    execution: Execution = Execution()
 
 
 def no_client_state(client_id: int) -> None:
@@ -145,16 +153,18 @@ def server_params(state: Any) -> ParamDict:
 def job_algorithm(
     cfg: AlgorithmConfig,
     *,
-    init_server: Callable[[ParamDict, RoundContext], ServerState],
-    broadcast: Callable[[ServerState, int, ClientState, RoundContext], Payload],
-    client_job: Callable[[Mapping[str, Tensor], ClientState, ClientData, ClientContext], LocalJob],
-    server_update: Callable[[ServerState, Sequence[Uplink], RoundContext], ServerState],
+    init_server: Callable[[ParamDict, RoundContext], S],
+    broadcast: Callable[[S, int, ClientState, RoundContext], Payload],
+    client_job: ClientJob,
+    server_update: Callable[[S, Sequence[Uplink], RoundContext], S],
+    sparse_compute: bool = False,
     **optional: Any,
-) -> FedAlgorithm:
+) -> FedAlgorithm[S]:
     """The common shape of an algorithm: its local training a job (run sequentially by
     ``client_update``, batched by the vectorized backend), clients without state unless
     ``init_client`` is given, the model evaluated being the server state's ``params`` unless
-    ``global_params`` is given; ``optional`` sets any other :class:`FedAlgorithm` field."""
+    ``global_params`` is given; ``sparse_compute`` as :class:`Execution`'s; ``optional`` sets
+    any other :class:`FedAlgorithm` field."""
     return FedAlgorithm(
         **{"init_client": no_client_state, "global_params": server_params, **optional},
         name=cfg.name,
@@ -162,8 +172,8 @@ def job_algorithm(
         init_server=init_server,
         broadcast=broadcast,
         client_update=job_client_update(client_job),
-        client_job=client_job,
         server_update=server_update,
+        execution=Execution(client_job=client_job, sparse_compute=sparse_compute),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from fedcomm.algorithms.core.contract import AlgorithmConfig, FedAlgorithm
 
 C = TypeVar("C", bound=AlgorithmConfig)
-Builder = Callable[[Any], FedAlgorithm]
+Builder = Callable[[Any], FedAlgorithm[Any]]
 
 ALGORITHMS: dict[str, Builder] = {}
 CONFIGS: dict[str, type[AlgorithmConfig]] = {}
@@ -31,11 +31,11 @@ def config_name(config_cls: type[AlgorithmConfig]) -> str:
 
 def register(
     config_cls: type[C],
-) -> Callable[[Callable[[C], FedAlgorithm]], Callable[[C], FedAlgorithm]]:
+) -> Callable[[Callable[[C], FedAlgorithm[Any]]], Callable[[C], FedAlgorithm[Any]]]:
     """Register ``build(cfg) -> FedAlgorithm`` for the algorithm named by ``config_cls``."""
     name = config_name(config_cls)
 
-    def deco(build: Callable[[C], FedAlgorithm]) -> Callable[[C], FedAlgorithm]:
+    def deco(build: Callable[[C], FedAlgorithm[Any]]) -> Callable[[C], FedAlgorithm[Any]]:
         if name in ALGORITHMS:
             raise ValueError(f"algorithm {name!r} registered twice")
         ALGORITHMS[name] = build
@@ -45,7 +45,7 @@ def register(
     return deco
 
 
-def build_algorithm(cfg: AlgorithmConfig) -> FedAlgorithm:
+def build_algorithm(cfg: AlgorithmConfig) -> FedAlgorithm[Any]:
     """The algorithm for a validated config."""
     try:
         build = ALGORITHMS[cfg.name]

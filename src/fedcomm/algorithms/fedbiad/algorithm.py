@@ -233,7 +233,7 @@ def download(state: ServerState, client_id: int, cstate: ClientState, ctx: Round
 # --- the algorithm ---------------------------------------------------------------------------
 
 
-def make(cfg: Config) -> FedAlgorithm:
+def make(cfg: Config) -> FedAlgorithm[ServerState]:
     opt = cfg.server.build()
     programs: dict[tuple[int, bool], tuple[nn.Module, _jobs.LocalProgram]] = {}
 
@@ -326,5 +326,5 @@ def make(cfg: Config) -> FedAlgorithm:
 
 
 @core.register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     return make(cfg)

@@ -213,7 +213,7 @@ def make(
     *,
     dense_start: bool = False,
     warm_start: WarmStart | None = None,
-) -> FedAlgorithm:
+) -> FedAlgorithm[ServerState]:
     """FedDST's functions; ``adjust=None`` keeps the mask fixed (RandomMask). ``dense_start``
     leaves ``m_0`` all ones for ``warm_start`` to set (GraSP)."""
     sent, shared = Downlinks(), ClientShared()
@@ -250,7 +250,7 @@ def make(
 
 
 @core.register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     adjust = Readjustment(
         alpha=cfg.alpha,
         every=cfg.readjust_every,

@@ -246,7 +246,7 @@ def upload(
     return ClientResult(payload, None, uploaded, num_examples, metrics)
 
 
-def make(cfg: Config) -> FedAlgorithm:
+def make(cfg: Config) -> FedAlgorithm[ServerState]:
     w_opt: Transform = cfg.server.build()
     v_opt: Transform = adamax(cfg.gate_server_lr)
     programs = Programs(step_rule(cfg))  # each model's local program, built once
@@ -302,5 +302,5 @@ def make(cfg: Config) -> FedAlgorithm:
 
 
 @core.register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     return make(cfg)

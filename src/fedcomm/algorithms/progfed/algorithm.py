@@ -166,7 +166,7 @@ def uploaded_model(down: Mapping[str, Tensor], up: Mapping[str, Tensor]) -> Para
 
 
 @core.register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     opt = cfg.server.build()
     # T, resolved from train.rounds by with_rounds (Params.algorithm); a config built without
     # params (contract tests, direct library use) schedules T = 2S unless it sets rounds
@@ -278,10 +278,12 @@ def build(cfg: Config) -> FedAlgorithm:
         uploaded_model=uploaded_model,
         validate_model=lambda model: validate_model(model, cfg.stages),
         prepare_model=lambda model, seed: progressive_net(model, cfg.stages, seed),
-        unbatched=(
-            "local steps run the stage's sub-network with dropout drawn from torch's global "
-            "generator, reseeded per client (the EMNIST ConvNet's), and train a per-round "
-            "subset at a per-round learning rate; a batched step cannot replay per-client "
-            "global-generator draws"
+        execution=core.Execution(
+            unbatched=(
+                "local steps run the stage's sub-network with dropout drawn from torch's global "
+                "generator, reseeded per client (the EMNIST ConvNet's), and train a per-round "
+                "subset at a per-round learning rate; a batched step cannot replay per-client "
+                "global-generator draws"
+            )
         ),
     )

@@ -251,7 +251,7 @@ def server_metrics(state: ServerState) -> dict[str, float]:
 # --- the algorithm -------------------------------------------------------------------------------
 
 
-def make(cfg: Config) -> FedAlgorithm:
+def make(cfg: Config) -> FedAlgorithm[ServerState]:
     opt = cfg.server.build()
 
     def init_server(params: ParamDict, ctx: RoundContext) -> ServerState:
@@ -280,15 +280,17 @@ def make(cfg: Config) -> FedAlgorithm:
         uploaded_model=uploaded_model,
         validate_model=validate_model,
         warm_start=partial(phase_one, cfg, opt),
-        sparse_compute=True,  # masked training, as FedDST's
-        unbatched=(
-            "readjustment rounds upload the dense gradient of each client's last minibatch, "
-            "taken inside that step at that step's weights: a side output of the step that "
-            "the batched executor does not return"
+        execution=core.Execution(
+            sparse_compute=True,  # masked training, as FedDST's
+            unbatched=(
+                "readjustment rounds upload the dense gradient of each client's last minibatch, "
+                "taken inside that step at that step's weights: a side output of the step that "
+                "the batched executor does not return"
+            ),
         ),
     )
 
 
 @core.register(Config)
-def build(cfg: Config) -> FedAlgorithm:
+def build(cfg: Config) -> FedAlgorithm[ServerState]:
     return make(cfg)

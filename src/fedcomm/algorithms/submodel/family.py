@@ -198,7 +198,7 @@ def algorithm(
     pattern: Pattern = None,
     client_job: _jobs.ClientJob | None = None,
     **optional: Any,
-) -> core.FedAlgorithm:
+) -> core.FedAlgorithm[Any]:  # ServerState, or the selection's subclass of it
     """A sub-model method: ``select`` → :func:`.codec.encode` (with ``pattern``) →
     ``client_job`` (default: :func:`masked_client` with prefix ``cfg.name``) → ``aggregation``
     with ``weighting`` (:func:`core.client_weights`) → ``server_opt`` where held → the
@@ -232,10 +232,6 @@ def algorithm(
         broadcast=broadcast,
         client_job=client_job or masked_client(cfg.name),
         server_update=server_update,
-        **{
-            "uploaded_model": uploaded_model,
-            "validate_model": validate_model,
-            "sparse_compute": True,  # a sub-model: its dropped units are not computed
-            **optional,
-        },
+        sparse_compute=True,  # a sub-model: its dropped units are not computed
+        **{"uploaded_model": uploaded_model, "validate_model": validate_model, **optional},
     )
