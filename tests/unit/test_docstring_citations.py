@@ -24,45 +24,12 @@ FORBIDDEN = re.compile(
     r"|#\d{2}\b"  # "#30" (not a colour such as "#222" or "#1f77b4")
 )
 
-# Files still citing the outside specs/papers or an issue, left for the pass over algorithms/
-# (being reorganised at the time). Not strict: a file fixed here passes as XPASS.
-PENDING = frozenset(
-    {
-        "algorithms/afd.py",
-        "algorithms/core/masks.py",
-        "algorithms/fedbiad/algorithm.py",
-        "algorithms/fedbiad/server.py",
-        "algorithms/feddst/algorithm.py",
-        "algorithms/fedmp.py",
-        "algorithms/fedsparse/algorithm.py",
-        "algorithms/fedsparse/gates.py",
-        "algorithms/fedsparse/messages.py",
-        "algorithms/fedsparse/server.py",
-        "algorithms/fjord.py",
-        "algorithms/grasp.py",
-        "algorithms/heterofl.py",
-        "algorithms/progfed/algorithm.py",
-        "algorithms/progfed/charge.py",
-        "algorithms/prunefl/algorithm.py",
-        "algorithms/randommask.py",
-        "algorithms/sparse/budgets.py",
-        "algorithms/sparse/codec.py",
-        "algorithms/sparse/masks.py",
-    }
-)
-
 
 def _sources() -> list[object]:
-    params: list[object] = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        marks = (
-            [pytest.mark.xfail(strict=False, reason="algorithms/ pass not done yet")]
-            if rel in PENDING
-            else []
-        )
-        params.append(pytest.param(path, id=rel, marks=marks))
-    return params
+    return [
+        pytest.param(path, id=path.relative_to(PACKAGE).as_posix())
+        for path in sorted(PACKAGE.rglob("*.py"))
+    ]
 
 
 def test_package_found() -> None:

@@ -2,12 +2,12 @@
 
 Bouacida, Hou, Zang and Liu, "Adaptive Federated Dropout: Improving Communication Efficiency and
 Generalization for Federated Learning", IEEE INFOCOM Workshops 2021 (arXiv:2011.04050); as the
-baseline of Xue et al., FedBIAD (spec ``specs/fedsparse-fedbiad.md`` §2.5, Rec: single-model).
+baseline of Xue et al., FedBIAD (Section V-A, which does not say which AFD: single-model here).
 
 The server holds an activation score map (one score per unit of every layer of
 ``feddrop.unit_layers(model)``, initially 0), the current sub-model (unit keep masks, exactly
 ``n − round(p·n)`` of the ``n`` units kept in every hidden FC layer and conv layer; the output
-layer stays full, §2.7) and the previous round's mean client loss ``ℓ_{t−1}``.
+layer stays full: its units are the classes) and the previous round's mean client loss ``ℓ_{t−1}``.
 
 * round 1: a uniformly random sub-model (from ``(seed, ALGORITHM, 0)``);
 * round ``t``: every sampled client gets the same sub-model, its values at 32 bits each (down),
@@ -32,7 +32,8 @@ it (a unit mask, 1 bit per hidden unit); by default it is counted as 0 bits (``F
 FedBIAD paper compares sub-model sizes only. ``count_pattern=True`` sends the hidden layers' unit
 masks as ``Mask`` (1 bit per unit, downlink only: the server knows what it sent). The full-shape
 parameter masks are always ``Free``: the client derives them from the unit masks and the model
-structure. The score rule is the spec's reading of the paper (§2.5 **[AMB]**).
+structure. The score rule is our reading of the AFD paper and of a third-party re-implementation
+(cyyever/distributed_learning_simulator), not checked against official code.
 
 Sequential Linear/Conv chains only (``mlp``, ``cnn``, ``mnist_cnn``), like FedDrop.
 """

@@ -1,7 +1,7 @@
 """FedAvg with a Laplace prior: an L1-proximal client and a coordinate-wise median server.
 
 Louizos et al., "An Expectation-Maximization Perspective on Federated Learning",
-Appendix J.1 (Eqs. 42-46); spec §1.7. The local prior ``p(w_s|w) ∝ exp(−λ Σ_j |w_sj − w_j|)``
+Appendix J.1 (Eqs. 42-46). The local prior ``p(w_s|w) ∝ exp(−λ Σ_j |w_sj − w_j|)``
 turns hard EM into:
 
 * client (E-step): minimise ``mean CE(w_s) + λ Σ_j |w_sj − w_j|`` from ``w_s = w``, as local
@@ -15,7 +15,7 @@ turns hard EM into:
   ``w + median_s(Δ_sj)``; an even count takes the mean of the two middle values (the midpoint of
   the set of minimisers of ``Σ_s |w_sj − w_j|``). Closed form: ``server`` and ``weighting``
   are ignored. ``gradient``: the ascent direction ``g_j = λ·mean_s sign(w_sj − w_j)`` (Eq. 45,
-  mean over clients as in spec §1.4, weighted by ``weighting``, default uniform like Eq. 45's
+  mean over clients as for FedSparse, weighted by ``weighting``, default uniform like Eq. 45's
   plain sum) goes to the server optimizer (default Adam, lr 1e-3, as the paper uses for every
   method; Adam makes λ's scale irrelevant, and ``λ = 0`` leaves ``w`` fixed).
 

@@ -1,13 +1,14 @@
 """FedAvg with a mixture-of-Gaussians prior: the server learns an ensemble of K models.
 
 Louizos et al., "An Expectation-Maximization Perspective on Federated Learning",
-Appendix J.2 (Eqs. 47-52); spec §1.7. Prior ``p(w_s) = (1/K) Σ_k N(w_k, I/λ)``; down: the K
+Appendix J.2 (Eqs. 47-52). Prior ``p(w_s) = (1/K) Σ_k N(w_k, I/λ)``; down: the K
 members (dense, K x the model's bits); up: the client's model (dense, no common reference).
 
 * client (E-step): start from the member with the lowest mean CE on the client's first local
-  batch (the first batch of the very schedule local SGD then draws; spec Rec), then minimise
-  ``mean CE(w_s) − log Σ_k (1/K) exp(−λ/2 ‖w_s − w_k‖²)`` by local SGD (a loss hook). Mean CE
-  (not Eq. 48's sum) puts λ on the per-example scale; explicit SGD needs ``lr·λ < 2``.
+  batch (the first batch of the very schedule local SGD then draws; the paper leaves it open),
+  then minimise ``mean CE(w_s) − log Σ_k (1/K) exp(−λ/2 ‖w_s − w_k‖²)`` by local SGD (a loss
+  hook). Mean CE (not Eq. 48's sum) puts λ on the per-example scale; explicit SGD needs
+  ``lr·λ < 2``.
 * server (M-step): ``r_sk = softmax_k(−λ/2 ‖w_s − w_k‖²)`` (log-softmax of float64 distances:
   huge distances give one-hot rows, never NaN); ``m_step``: ``w_k = Σ_s r_sk w_s / Σ_s r_sk``
   (Eq. 52; a member with ``Σ_s r_sk < MIN_MASS`` keeps its value); ``adam``: the ascent direction
@@ -21,7 +22,7 @@ members (dense, K x the model's bits); up: the client's model (dense, no common 
   ``λ·init_noise²·N``: small, the members collapse into one model (uniform ``r``); large, one
   member may win every client while the others keep their values. Sweep both.
 * prediction: ``global_params`` returns :func:`join_members`; the loop averages the members'
-  softmax outputs and logs each member's accuracy (spec Rec).
+  softmax outputs and logs each member's accuracy (the paper does not say how it predicts).
 """
 
 from __future__ import annotations

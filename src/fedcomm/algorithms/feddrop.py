@@ -2,7 +2,7 @@
 
 Caldas, Konečný, McMahan and Talwalkar, "Expanding the Reach of Federated Learning by Reducing
 Client Resource Requirements", arXiv:1812.07210, 2018; as the baseline of Louizos et al., "An
-Expectation-Maximization Perspective on Federated Learning", Appendix A (spec §1.6).
+Expectation-Maximization Perspective on Federated Learning", Appendix A.
 
 Round ``t``, client ``k`` (selection from ``(seed, ALGORITHM, t, k)``, replayed by both sides:
 0 bits): drop exactly ``round(p·n)`` of the ``n`` units of every layer of ``rows(model)``, with

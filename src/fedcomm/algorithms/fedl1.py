@@ -1,7 +1,7 @@
 """FedL1: FedAvg with a local group-L1 penalty and hard-thresholded messages.
 
 Louizos et al., "An Expectation-Maximization Perspective on Federated Learning", Appendix A,
-Eqs. 24-25 (spec §1.6); group L1 after Wen et al., "Learning Structured Sparsity in Deep Neural
+Eqs. 24-25; group L1 after Wen et al., "Learning Structured Sparsity in Deep Neural
 Networks", NeurIPS 2016. Groups are FedSparse's (:func:`fedcomm.models.groups.groups`): conv
 output filters and linear input features (the output layer's too, unless ``prune_output`` is
 off); other parameters (FC biases) are always sent.

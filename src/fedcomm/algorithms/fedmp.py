@@ -2,8 +2,8 @@
 
 Jiang, Xu, Wang, Wang, Qiao, Qian, Li and Huang, "FedMP: Federated Learning through Adaptive
 Model Pruning in Heterogeneous Edge Computing", IEEE ICDE 2022; as the baseline of Xue et al.,
-FedBIAD (spec ``specs/fedsparse-fedbiad.md`` §2.5, Rec: the ratio fixed at ``p`` instead of the
-original per-client E-UCB bandit).
+FedBIAD (Section V-A, which runs it at FedBIAD's dropout rate ``p`` without saying how FedMP's
+per-client E-UCB bandit was set): here the ratio is fixed at ``p``.
 
 Round ``t``, client ``k``:
 
@@ -11,9 +11,9 @@ Round ``t``, client ``k``:
   layer of ``unit_layers(model)`` it removes the ``round(p·n)`` of the ``n`` units (FC
   rows, conv filters) with the smallest L1 norm (:func:`prune_units`: over the unit's weight
   row/filter and its bias, each layer scored on the unpruned ``w_t``; ties go to the lower
-  index). The output layer stays full (§2.7). Removing a unit also removes the next layer's
-  input columns reading it (:func:`.submodel.units.param_masks`). With a fixed ratio every
-  client of a round gets the same sub-model;
+  index). The output layer stays full (its units are the classes). Removing a unit also
+  removes the next layer's input columns reading it (:func:`.submodel.units.param_masks`).
+  With a fixed ratio every client of a round gets the same sub-model;
 * down: the sub-model's values (32 bits each) and its pattern: the client does not have ``w_t``
   and cannot recompute it, so the hidden layers' unit masks are sent as ``Mask`` (1 bit per
   hidden unit, counted); the full-shape parameter masks follow from them and the model

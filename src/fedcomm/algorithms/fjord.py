@@ -2,7 +2,8 @@
 
 Horváth, Laskaridis, Almeida, Leontiadis, Venieris and Lane, "FjORD: Fair and Accurate
 Federated Learning under Heterogeneous Targets with Ordered Dropout", NeurIPS 2021; as a
-baseline of FedBIAD (specs/fedsparse-fedbiad.md §2.5, output layer full as in §2.7).
+baseline of FedBIAD (Xue et al., IPDPS 2023, Section V-A; the output layer full: its units are
+the classes).
 
 The width-``q`` sub-model keeps the first ``ceil(q·K_l)`` units of every hidden layer (inputs
 and the output layer full), the nested slices of HeteroFL's ordered rule

@@ -3,7 +3,7 @@
 Wang, Zhang and Grosse, "Picking Winning Tickets Before Training by Preserving Gradient Flow",
 ICLR 2020 (arXiv:2002.07376); the FedDST baseline "GraSP" (Bibikar et al., AAAI 2022), which
 runs Synaptic-Flow's GraSP pruner (Tanaka et al., NeurIPS 2020) with global scope and one
-iteration on the first client's training data (``specs/feddst-progfed.md`` §1(d)).
+iteration on the first client's training data (bibikar/feddst @ 25d6184, its ``--grasp``).
 
 Before round 1 (``warm_start``), on client ``c`` (``client: first`` = client 0, as the code;
 ``random``: one drawn from the warm-start generator) and the maskable weights ``θ`` of the
@@ -20,11 +20,11 @@ keeps the ``k_l(S)`` smallest per layer (``distribution``'s budgets). The server
 then the mask's own per-layer counts, so the mask stays fixed and training is RandomMask's
 (:func:`fedcomm.algorithms.feddst.make` with no readjustment).
 
-The code's density bug (spec §1(d), §1(e) 10): Synflow reads ``sparsity`` as the *kept*
-fraction, so ``--sparsity 0.8`` gives a mask at density 0.8, trained for one round; the server
-then magnitude-prunes the averaged model to ``k_l(S)`` after round 1 (the code's round 0), and
-the mask stays fixed from there. ``official_density: true`` replays that (global scope, keeping
-``N_m − ⌊(1 − S) N_m⌋`` weights, layer budgets left at ``k_l(S)``).
+The code's density bug (the paper does not state GraSP's density): Synflow reads ``sparsity``
+as the *kept* fraction, so ``--sparsity 0.8`` gives a mask at density 0.8, trained for one
+round; the server then magnitude-prunes the averaged model to ``k_l(S)`` after round 1 (the
+code's round 0), and the mask stays fixed from there. ``official_density: true`` replays that
+(global scope, keeping ``N_m − ⌊(1 − S) N_m⌋`` weights, layer budgets left at ``k_l(S)``).
 
 Communication: FedDST's (``randommask``). The warm start is a simulation shortcut (the server
 computes on client ``c``'s data); a deployment would send ``θ_0`` as a seed and have client

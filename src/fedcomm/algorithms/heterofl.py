@@ -1,15 +1,15 @@
 """HeteroFL: every client trains the sub-model made of the *first* units of each hidden layer.
 
 Diao, Ding and Tarokh, "HeteroFL: Computation and Communication Efficient Federated Learning
-for Heterogeneous Clients", ICLR 2021; as a baseline of FedBIAD (specs/fedsparse-fedbiad.md
-§2.5, output layer full as in §2.7).
+for Heterogeneous Clients", ICLR 2021; as a baseline of FedBIAD (Xue et al., IPDPS 2023,
+Section V-A; the output layer full: its units are the classes).
 
-Model rate ``r`` (one rate for every client, the spec's Rec): every hidden layer of
-``rows(model)`` (conv filters, hidden linear units) keeps its first ``ceil(r·C)`` units; the
-network's inputs and the output layer stay full. A kept unit takes its weight row and bias and
-the next layer's input columns reading it (after a flatten, the ``in_features / channels``
-consecutive columns of its channel), exactly FedDrop's unit graph (:mod:`.submodel.units`) with the
-ordered rule (a prefix) instead of a random selection.
+Model rate ``r`` (one rate for every client: FedBIAD does not give HeteroFL's rates): every
+hidden layer of ``rows(model)`` (conv filters, hidden linear units) keeps its first
+``ceil(r·C)`` units; the network's inputs and the output layer stay full. A kept unit takes
+its weight row and bias and the next layer's input columns reading it (after a flatten, the
+``in_features / channels`` consecutive columns of its channel), exactly FedDrop's unit graph
+(:mod:`.submodel.units`) with the ordered rule (a prefix) instead of a random selection.
 
 * down: the sub-model's values (32 bits each); the slice follows from ``r`` and the model, so
   its pattern is a 0-bit ``Free`` mask. Up: the delta of local SGD on the same entries (entries

@@ -1,8 +1,8 @@
 """FedBIAD: Bayesian inference-based adaptive dropout of weight rows.
 
 Xue et al., "FedBIAD: Communication-Efficient and Accuracy-Guaranteed Federated Learning with
-Bayesian Inference-Based Adaptive Dropout", IPDPS 2023 (Algorithm 1, Eqs. 2-10, 13);
-implementation choices from ``specs/fedsparse-fedbiad.md`` §0, §2.1-2.4, §2.7-2.8.
+Bayesian Inference-Based Adaptive Dropout", IPDPS 2023 (Sections III-IV, Algorithm 1, Eqs. 2-10,
+13; setup and upload sizes: Section V, Table I); each module says what the paper leaves open.
 
 This module is Algorithm 1; the details live beside the code that implements them:
 
@@ -23,7 +23,7 @@ Client ``k``, round ``r`` (persistent score vector ``E^k``, one float per row, f
 * stage one (``r ≤ R_b``): a random pattern ``β``; at iterations ``v = 2τ, 3τ, …`` the trend
   ``ΔL = mean(ℓ_{v−τ+1..v}) − mean(ℓ_{v−2τ+1..v−τ})`` (Eq. 8); ``ΔL > 0`` resamples ``β`` for the
   next ``τ`` iterations; the scores of the rows held at ``v`` are updated by Eq. 9 (only at these
-  check points, spec Rec);
+  check points: ΔL exists only there);
 * stage two (``r > R_b``): the top ``ceil((1 − p)·rows_l)`` rows of each layer by ``E`` (ties at
   random), fixed for the round;
 * upload ``β^{k,V}`` (1 bit per row, all J rows) and the kept rows' values (32 bits each); the

@@ -10,14 +10,14 @@ Each local step of client ``k`` at round ``r``:
   false`` drops it). ``n_k`` = the client's likelihood terms, the targets the mean CE averages
   over: ``|D_k|`` for one label per example, ``|D_k|·T`` for next-token sequences ``y (n, T)``
   (Eq. 2 has one likelihood factor per target; dividing by ``α|D_k|`` alone would weigh the KL
-  T times too much against the per-token mean CE). ``m`` ([AMB]: Eq. 2's "number of samples"):
+  T times too much against the per-token mean CE). ``m`` (Eq. 2's "number of samples", left open):
   ``kl_samples: seen`` (default) ``m = r·V·n_k``, the data the tempered posterior has absorbed
   by round ``r`` (Theorem 1's ``m_r``, the ``m`` of Eq. 13 below); ``client``: ``m = n_k`` (Eq.
   5 read per round). ``client`` is an L2 pull of ``1/(α|D_k|) ≈ 0.036`` per step at MNIST's 56
   examples per client and costs 8 points there (86.2 vs 93.5%, 3 seeds; ``seen`` and ``kl:
   false`` both reach 93.5%), so it cannot give the paper's numbers.
 
-Eq. 13 inputs at a client ([AMB], the paper defines them for its MLP): ``d`` = size of one input
+Eq. 13 inputs at a client (the paper defines them only for its MLP): ``d`` = size of one input
 example, ``D`` = the widest non-output row layer, ``L`` = number of row layers (``rows(model)``),
 ``J`` = all rows of the model, ``S = (1 − p)·J·D``, ``m = r·V·|D_k|`` (the client's own example
 count stands in for ``min_k |D_k|``, which no client knows), ``V`` = local steps this round.

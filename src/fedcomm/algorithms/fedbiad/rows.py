@@ -5,7 +5,7 @@ stage one's check after each local step included (:func:`stage_one_check`).
 Rows (``models.groups.rows``): Linear ``W[j,:]`` + ``b[j]``, conv filters, the rows of the
 recurrent layers' matrices with their bias rows (which matrices: ``lstm_rows``), embedding
 dimensions; the output layer's rows only with ``drop_output_layer``. Every layer keeps exactly
-``ceil((1 − p)·rows_l)`` rows (spec Rec, ``pattern_scope: layer``; ``global`` keeps
+``ceil((1 − p)·rows_l)`` rows (our default, ``pattern_scope: layer``; ``global`` keeps
 ``ceil((1 − p)·J)`` rows over all J rows, the paper's ``Z``, exactly ``ceil((1 − p)·rows_l)`` in
 expectation per layer).
 

@@ -4,7 +4,7 @@ Upload: ``β^{k,V}`` (1 bit per row, all J rows) and the kept rows' values (32 b
 parameters in no droppable row (GroupNorm, the output layer without ``drop_output_layer``, the
 recurrent matrices ``lstm_rows`` leaves out) densely.
 
-Server (``aggregation``; Eq. 10 reads three ways, spec §2.3 [AMB]):
+Server (``aggregation``; Eq. 10, Section IV-E, reads three ways):
 
 * ``masked`` (default): per row, the ``|D_k|``-weighted mean over the clients that kept it; rows
   nobody kept stay ``U_{r−1}`` (the FedDrop/HeteroFL/FjORD convention);
@@ -12,8 +12,8 @@ Server (``aggregation``; Eq. 10 reads three ways, spec §2.3 [AMB]):
   ``U_{r−1}`` (each row's update damped by the share of clients that kept it);
 * ``eq10``: Eq. 10 as printed, ``U_r = Σ_k |D_k| β_k ∘ U_k / Σ_k |D_k|``: a dropped row counts as
   0, so every row shrinks by about ``(1 − p)`` a round. It cannot give the paper's own numbers
-  (the MNIST profile: 75.4 ± 0.7% vs ``masked``'s 93.5 ± 0.1%, 3 seeds; on 1000 IID clients,
-  issue 15's check, it falls to 10% by round 60 with ``‖fc1.W‖ → 0.002``, with or without the
+  (the MNIST profile: 75.4 ± 0.7% vs ``masked``'s 93.5 ± 0.1%, 3 seeds; in an independent check
+  on 1000 IID clients it falls to 10% by round 60 with ``‖fc1.W‖ → 0.002``, with or without the
   KL), so it is not the default; kept as the literal reading (``docs/reproductions/fedbiad.md``).
 
 ``next_columns``: the next layer's input columns that read a dropped row are sent whole, but

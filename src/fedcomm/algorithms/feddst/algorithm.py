@@ -1,12 +1,12 @@
 """FedDST: federated dynamic sparse training with per-layer magnitude prune / gradient regrow.
 
 Bibikar et al., "Federated Dynamic Sparse Training: Computing Less, Communicating Less, Yet
-Learning Better", AAAI 2022 (arXiv:2112.09824). The paper body was not available; behaviour
-follows the official code (bibikar/feddst @ 25d6184) as read in ``specs/feddst-progfed.md`` §1.
-Equation numbers are the paper's (``papers/feddst.txt``): (2) the cosine ``α_r``, (3) the sparse
-weighted average. Masks, layer budgets ``k_l(S)``, messages: :mod:`fedcomm.algorithms.sparse`;
-the readjustment (Eq. 2, prune, regrow, its schedule): :mod:`fedcomm.algorithms.feddst.readjust`;
-the client's masked job and upload: :mod:`fedcomm.algorithms.feddst.client`.
+Learning Better", AAAI 2022 (arXiv:2112.09824). Behaviour follows the official code
+(bibikar/feddst @ 25d6184), which fixes what the paper leaves open. Equation numbers are the
+paper's (section "Methodology"): (2) the cosine ``α_r``, (3) the sparse weighted average.
+Masks, layer budgets ``k_l(S)``, messages: :mod:`fedcomm.algorithms.sparse`; the readjustment
+(Eq. 2, prune, regrow, its schedule): :mod:`fedcomm.algorithms.feddst.readjust`; the client's
+masked job and upload: :mod:`fedcomm.algorithms.feddst.client`.
 
 * init: ``m_0`` = layer-wise magnitude pruning of ``θ_0`` to ``k_l(S)`` (``distribution``);
 * client: local SGD (``train.local``: lr, momentum, weight decay; a fresh optimizer each round)
@@ -30,11 +30,11 @@ with ``R = train.rounds`` (the code's default; :meth:`Config.with_rounds`, calle
 :data:`DEFAULT_READJUST_END` (200, the code's ``R // 2`` at its default ``R = 400``) when the
 algorithm is built without a run.
 
-Communication (spec §1(c)): the active values and biases each way, the mask only when the
-receiver lacks it (down: the client's mask differs from the global one; up: rounds it readjusted);
-the rule in full: :mod:`fedcomm.algorithms.feddst.comm`.
+Communication (the official code's accounting, ``dst.py``): the active values and biases each
+way, the mask only when the receiver lacks it (down: the client's mask differs from the global
+one; up: rounds it readjusted); the rule in full: :mod:`fedcomm.algorithms.feddst.comm`.
 
-Flags for the spec's surprises (§1(e)), defaults faithful to the code: ``alpha_schedule``
+Flags for the code's surprises, defaults faithful to the code: ``alpha_schedule``
 (gate_only), ``grow_candidates`` (``all``: active entries may be re-grown and reset to 0, so a
 layer may end below ``k_l(S)``; ``inactive``: exactly ``k_l(S)``), ``readjust_at_epoch`` (null =
 last; an index past the local epochs means the last; the code's cumulative epoch counter is not

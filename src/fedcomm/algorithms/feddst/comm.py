@@ -1,4 +1,5 @@
-"""FedDST's messages and what they cost (spec §1(c); layout: :mod:`fedcomm.algorithms.sparse`).
+"""FedDST's messages and what they cost (the official code's count, bibikar/feddst ``dst.py``;
+layout: :mod:`fedcomm.algorithms.sparse`).
 
 ``N_m`` maskable weights, ``B`` bias/other entries, 32-bit values:
 

@@ -1,8 +1,7 @@
 """FedSparse: federated spike-and-slab sparsity over groups, trained by hard EM.
 
 Louizos, Reisser, Soriaga, Welling, "An Expectation-Maximization Perspective on Federated
-Learning" (arXiv:2111.10192), Sections 3-3.2, Algorithms 1-2, Appendices A, G-I; implementation
-choices from ``specs/fedsparse-fedbiad.md`` §1.2-1.5.
+Learning" (arXiv:2111.10192, 2021), Sections 3-3.2, Algorithms 1-2, Appendices A, G-I.
 
 Gates per group g (conv filter; linear input feature; the output layer's inputs unless
 ``prune_output: false``): ``θ_g = σ((‖w_g‖ − softplus(v_g))/T)`` on the server, and
@@ -20,7 +19,7 @@ Server (Algorithm 1): ``g_w = mean_s z_s ⊙ (ŵ_s − w)`` -> Adam; ``g_v = mea
 Adam moments zeroed; :mod:`.server`). Down: surviving weights, ``v`` of surviving groups,
 1 bit per group (:mod:`.messages`).
 
-Choices (spec [AMB] recommendations are the defaults): mean cross-entropy as the likelihood
+Choices the paper leaves open (our defaults): mean cross-entropy as the likelihood
 term (``data_term: shard_sum`` is Eq. 17's sum over the shard's N_s examples instead: the
 objective divided by N_s, i.e. the penalties λ0, c_CE and λ divided by the client's N_s, the
 reading of the L0 reference code, which divides its penalty by the dataset size);

@@ -4,7 +4,7 @@ Louizos et al., "An Expectation-Maximization Perspective on Federated Learning" 
 Eq. 23 and Appendix H; the relaxation is the hard concrete of Louizos, Welling, Kingma, "Learning
 Sparse Neural Networks through L0 Regularization" (2018), Eq. 10, with β = 2/3, γ = −0.1, ζ = 1.1.
 
-Per group g (spec ``specs/fedsparse-fedbiad.md`` §1.2-1.3): ``θ_g = σ((‖w_g‖ − softplus(v_g))/T)``
+Per group g (Section 3.2, Eq. 23): ``θ_g = σ((‖w_g‖ − softplus(v_g))/T)``
 from the server's ``(w, v)``, ``π_sg`` the same from client s's ``(w_s, v_s)``; the norms are
 detached, so a gate cannot be lowered just by shrinking its weights. A group whose initial norm is
 below ``T·logit(init_theta)`` (≈ 4.6e-3) cannot start at ``init_theta``; its ``v`` is clamped
@@ -49,7 +49,7 @@ def initial_v(
     params: Mapping[str, Tensor], specs: Sequence[GroupSpec], T: float, init_theta: float
 ) -> ParamDict:
     """``v_g = softplus⁻¹(‖w_g‖ − T·logit θ0)``, so every θ_g starts at ``init_theta`` (a dense
-    start; spec §1.3), clamped where the norm is too small for that."""
+    start, Appendix A), clamped where the norm is too small for that."""
     logit0 = math.log(init_theta / (1 - init_theta))
     return {
         s.name: softplus_inv((group_norms(params, s) - T * logit0).clamp_min(1e-6)).detach()

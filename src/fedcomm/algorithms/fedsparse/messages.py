@@ -1,4 +1,4 @@
-"""What FedSparse sends (spec ``specs/fedsparse-fedbiad.md`` §1.5), per client and round.
+"""What FedSparse sends (Section 3.1, "Reducing the communication cost"), per client and round.
 
 - Down: ``32·(surviving weights, ungated parameters included) + 32·(surviving groups: v)
   + 1·(groups: the survival mask)``.

@@ -4,7 +4,7 @@
 the L0 cost of the kept groups (Eq. 37, λ0 per parameter of a group of |g| parameters), the
 cross-entropy from the client's gates π to the server's prior θ (Eq. 38, weighted by c_CE) and
 the FedProx-like drift of the kept groups from the server's weights (Eq. 37). π enters each
-term itself (spec §1.3 Rec), not the relaxation's P(z > 0) of Eq. 41.
+term itself, as in Eq. 17, not the relaxation's P(z > 0) of Eq. 41.
 """
 
 from __future__ import annotations

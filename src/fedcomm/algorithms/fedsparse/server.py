@@ -1,8 +1,9 @@
-"""FedSparse's server M-step pieces (Algorithm 1; spec ``specs/fedsparse-fedbiad.md`` §1.4).
+"""FedSparse's server M-step pieces (Appendix I, Algorithm 1; the pruning: Section 3.1).
 
 ``g_w = Σ_s p_s z_s ⊙ (ŵ_s − w)`` feeds Adam, ``g_v = Σ_s p_s · −(z_s − θ) σ(v)/T`` feeds Adamax
-(both ascent directions; ``p_s`` the client weights, the plain mean by default, spec [AMB] Rec);
-then groups with ``θ ≤ ε`` are pruned for good, their weights and Adam moments zeroed (§1.4 Rec).
+(both ascent directions; ``p_s`` the client weights: Algorithm 1 sums, the default is the plain
+mean); then groups with ``θ ≤ ε`` are pruned for good, their weights zeroed and, beyond the
+paper, their Adam moments too.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def prune(alive: Mapping[str, Tensor], theta: Mapping[str, Tensor], threshold: f
 def zero_pruned(
     params: ParamDict, opt_state: Any, alive: Mapping[str, Tensor], specs: Sequence[GroupSpec]
 ) -> tuple[ParamDict, Any]:
-    """The pruned groups' weights (Algorithm 1 line 5) and optimizer moments (§1.4 Rec) zeroed."""
+    """The pruned groups' weights (Algorithm 1 line 5) and, beyond it, optimizer moments zeroed."""
     keep = entry_masks(specs, alive, params)
     params = {k: t * keep[k] if k in keep else t for k, t in params.items()}
     return params, mask_moments(opt_state, keep)
@@ -101,7 +102,7 @@ def server_metrics(
 
 
 def mask_moments(state: Any, keep: Mapping[str, Tensor]) -> Any:
-    """Zero optimizer moments of pruned entries (spec §1.4 Rec) in any nested opt state."""
+    """Zero optimizer moments of pruned entries (beyond Algorithm 1) in any nested opt state."""
     if isinstance(state, dict):
         return {
             k: t * keep[k] if k in keep and isinstance(t, Tensor) else mask_moments(t, keep)

@@ -1,8 +1,8 @@
-"""ProgFed: progressive training of a model split into S stages (specs/feddst-progfed.md §2).
+"""ProgFed: progressive training of a model split into S stages (Section 3.1, Algorithm 1).
 
 Wang, Stich, He, Fritz, "ProgFed: Effective, Communication, and Computation Efficient Federated
 Learning by Progressive Training", ICML 2022 (arXiv:2110.05323); official code
-hui-po-wang/ProgFed.
+a514514772/ProgFed @ 1d1eb9d.
 
 Model (eq. 1-2): ``M = G_S ∘ E_S ∘ … ∘ E_1``, sub-model ``M^s = G_s ∘ E_s ∘ … ∘ E_1``. For
 ``s < S`` the temporary head ``G_s`` (global average pool + linear) is random when stage ``s``
@@ -15,7 +15,7 @@ stage ``s ≥ 2`` come ``warmup_rounds`` (W) **extra** rounds (not counted in T:
 ``T + (S−1)·W`` rounds) that train only ``E_s`` and ``G_s`` with ``E_1..E_{s−1}`` frozen, at the
 base learning rate, without advancing the schedule.
 
-Round (spec §2(a)): the server sends the active sub-model ``M^s`` (its current head included);
+Round (Algorithm 1): the server sends the active sub-model ``M^s`` (its current head included);
 each client runs local SGD (``train.local``: the paper's momentum 0.9, wd 1e-4) at the cosine
 rate ``lr_t = max(η0·(1 + cos(π(t−1)/(T−1)))/2, min_lr)`` of the scheduled round ``t`` (not
 reset at stage changes), skipping a step whose loss is ``≥ skip_loss`` (the code's guard), with
@@ -24,7 +24,7 @@ the optional proximal term ``μ‖θ − θ_server‖²`` (the code's form, no �
 server averages the uploads (``weighting: uniform`` as the code, or by example counts) and
 steps its optimizer (``server``: SGD lr 1 = FedAvg, or Adam = FedAdam). The server optimizer
 is rebuilt whenever the trained set changes (each growth, and at the end of a warm-up); client
-momentum is fresh every round (``client_momentum: reset``, the spec's recommendation) or kept
+momentum is fresh every round (``client_momentum: reset``, default, as in Algorithm 1) or kept
 per client until the trained set changes (``persistent``, as the code's ``VirtualWorker.opt``).
 
 Communication: down = the dense active sub-model ``M^s`` (``P_s`` values, head included); up =
@@ -32,7 +32,7 @@ the dense update of the trained parameters: ``M^s`` in a stage round, ``E_s + G_
 round. An uplink compressor (``lq``, ``sp``) applies to that update. ``stages: 1`` is the
 end-to-end baseline with the same schedule, learning rate and aggregation.
 
-Warm-up charge (``warmup_charge``): ``sent`` (default, the spec's recommendation) charges
+Warm-up charge (``warmup_charge``): ``sent`` (default) charges
 exactly what a warm-up round sends, ``P_s`` down and ``|E_s| + |G_s|`` up; ``code_counter``
 charges what the official code's counter books, ``c_w = P_{s−1} + w·(|E_s| + |G_s|)`` both
 ways in warm-up round ``w``, which reproduces the paper's costs (77.6% of dense end-to-end for

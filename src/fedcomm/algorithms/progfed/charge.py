@@ -1,10 +1,10 @@
-"""What a ProgFed round is charged, per client (specs/feddst-progfed.md §2(c)).
+"""What a ProgFed round is charged, per client (Section 4.3; a514514772/ProgFed ``main.py``).
 
 A stage round of stage ``s`` sends the dense active sub-model ``M^s`` down and the dense
 update of it up (``P_s`` values each way, head included); a warm-up round sends ``M^s`` down
 and the update of ``E_s + G_s`` up.
 
-Warm-up charge (``warmup_charge``): ``sent`` (default, the spec's recommendation) charges
+Warm-up charge (``warmup_charge``): ``sent`` (default) charges
 exactly what a warm-up round sends, ``P_s`` down and ``|E_s| + |G_s|`` up. ``code_counter``
 charges what the official code's counter books (``main.py``: inside the warm-up loop,
 ``cur_cost += |E_s| + |G_s|`` starts from the previous round's ``P_{s−1}`` and accumulates over

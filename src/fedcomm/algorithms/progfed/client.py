@@ -1,7 +1,7 @@
 """ProgFed's local run: local SGD on the active sub-model ``M^s`` (Algorithm 1, lines 16-23),
 with the client's own dropout stream and, optionally, momentum kept per trained set.
 
-Client momentum is fresh every round (``client_momentum: reset``, the spec's recommendation)
+Client momentum is fresh every round (``client_momentum: reset``, default, as in Algorithm 1)
 or kept per client until the trained set changes (``persistent``, as the code's
 ``VirtualWorker.opt``): :class:`ClientState` remembers which ``(stage, warmup)`` its buffers
 belong to. Dropout (the EMNIST ConvNet's) draws from torch's global generator, reseeded per

@@ -1,8 +1,8 @@
 """PruneFL: adaptive unstructured pruning, first on one client, then federated.
 
 Jiang et al., "Model Pruning Enables Efficient Federated Learning on Edge Devices", IEEE TNNLS
-2022 (arXiv:1909.12326), as FedDST's official ``prunefl.py`` / ``models.prunefl_readjust`` run
-it (``specs/feddst-progfed.md`` §1(c), §1(d)). Maskable: the ``weight`` of every Conv/Linear
+2022 (arXiv:1909.12326), as FedDST's official code runs it (bibikar/feddst @ 25d6184:
+``prunefl.py``, ``models.prunefl_readjust``). Maskable: the ``weight`` of every Conv/Linear
 layer (first and last included); biases and everything else are dense and never masked.
 
 Readjustment (:func:`readjust`): a new mask from the gradients ``g`` of the maskable entries,

@@ -1,6 +1,6 @@
 """Layer budgets ``k_l(S)``: the weights each maskable layer keeps at target sparsity ``S``.
 
-Spec: ``specs/feddst-progfed.md`` §1(a), "Layer budgets" (the official FedDST code).
+After the official FedDST code's layer budgets (bibikar/feddst @ 25d6184, ``models.py``).
 
 Three rules (``distribution``):
 

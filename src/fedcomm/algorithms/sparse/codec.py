@@ -1,6 +1,6 @@
 """The sparse family's messages: masked weights and their masks as payload entries.
 
-Spec: ``specs/feddst-progfed.md`` §1(c) (the official FedDST code's communication accounting).
+After the official FedDST code's communication accounting (bibikar/feddst @ 25d6184, ``dst.py``).
 
 :func:`encode` / :func:`decode`: ``w/<name>`` the values of the active entries of a masked
 weight (``Dense``, 32 bits each, row-major order of the mask) or a whole unmasked tensor, and

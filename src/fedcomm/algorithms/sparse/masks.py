@@ -1,6 +1,6 @@
 """Unstructured weight masks: the pure pieces FedDST, RandomMask, GraSP and PruneFL share.
 
-Spec: ``specs/feddst-progfed.md`` §1(a) (the official FedDST code, bibikar/feddst).
+After the official FedDST code (bibikar/feddst @ 25d6184: ``models.py``, ``dst.py``).
 
 **Maskable weights** are the ``weight`` of every Conv/Linear layer, the first and the last
 included; biases (and any other parameter) are always dense and outside the sparsity count. A
