@@ -95,9 +95,10 @@ class Config(AlgorithmConfig):
     data_term: Literal["mean", "shard_sum"] = Field(
         "mean",
         description="the likelihood term of Eq. 17: mean (the minibatch mean cross-entropy beside "
-        "λ0, c_CE and λ as they are; spec Rec) or shard_sum (the sum over the shard's N_s "
-        "examples of Eqs. 17/41, N_s × the minibatch mean; the objective is divided by N_s so "
-        "that SGD's lr keeps its per-example meaning: mean CE + (the penalties)/N_s)",
+        "λ0, c_CE and λ as they are; the default, the paper leaves it open) or shard_sum (the "
+        "sum over the shard's N_s examples of Eqs. 17/41, N_s × the minibatch mean; the objective "
+        "is divided by N_s so that SGD's lr keeps its per-example meaning: mean CE + (the "
+        "penalties)/N_s)",
     )
     lam: float = Field(0.0, ge=0, alias="lambda", description="drift λ (FedProx-like) on π")
     T: float = Field(1e-3, gt=0, description="gate temperature")
@@ -113,7 +114,7 @@ class Config(AlgorithmConfig):
     )
     gate_server_lr: float = Field(1e-2, gt=0, description="server Adamax lr on v")
     gate_mapping: Literal["logit_pi", "l0_shift"] = Field(
-        "logit_pi", description="log α = logit π (spec Rec), or logit π − 1.599 (Eq. 41)"
+        "logit_pi", description="log α = logit π (default), or logit π − 1.599 (Eq. 41)"
     )
     force_gates_on: bool = Field(False, description="ablation: z ≡ 1, no pruning")
     gate_at: Literal["auto", "weights"] = Field(
