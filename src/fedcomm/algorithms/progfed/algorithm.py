@@ -24,8 +24,9 @@ the optional proximal term ``μ‖θ − θ_server‖²`` (the code's form, no �
 server averages the uploads (``weighting: uniform`` as the code, or by example counts) and
 steps its optimizer (``server``: SGD lr 1 = FedAvg, or Adam = FedAdam). The server optimizer
 is rebuilt whenever the trained set changes (each growth, and at the end of a warm-up); client
-momentum is fresh every round (``client_momentum: reset``, default, as in Algorithm 1) or kept
-per client until the trained set changes (``persistent``, as the code's ``VirtualWorker.opt``).
+momentum is fresh every round (``client_momentum: reset``, the default: Algorithm 1's local SGD
+keeps no state between rounds) or kept per client until the trained set changes
+(``persistent``, as the code's ``VirtualWorker.opt``).
 
 Communication: down = the dense active sub-model ``M^s`` (``P_s`` values, head included); up =
 the dense update of the trained parameters: ``M^s`` in a stage round, ``E_s + G_s`` in a warm-up

@@ -1,11 +1,12 @@
 """ProgFed's local run: local SGD on the active sub-model ``M^s`` (Algorithm 1, lines 16-23),
 with the client's own dropout stream and, optionally, momentum kept per trained set.
 
-Client momentum is fresh every round (``client_momentum: reset``, default, as in Algorithm 1)
-or kept per client until the trained set changes (``persistent``, as the code's
-``VirtualWorker.opt``): :class:`ClientState` remembers which ``(stage, warmup)`` its buffers
-belong to. Dropout (the EMNIST ConvNet's) draws from torch's global generator, reseeded per
-client and round from the run's algorithm stream, so a client's round replays exactly.
+Client momentum is fresh every round (``client_momentum: reset``, the default: Algorithm 1's
+local SGD keeps no state between rounds) or kept per client until the trained set changes
+(``persistent``, as the code's ``VirtualWorker.opt``): :class:`ClientState` remembers which
+``(stage, warmup)`` its buffers belong to. Dropout (the EMNIST ConvNet's) draws from torch's
+global generator, reseeded per client and round from the run's algorithm stream, so a client's
+round replays exactly.
 """
 
 from __future__ import annotations
