@@ -37,11 +37,16 @@ PROFILE ?= pipeline/reproductions/$(NAME).yaml
 reproduce: $(STAMP)  ## run pipeline/reproductions/$(NAME).yaml in build/$(NAME)/; rerun to resume (FRESH=1: afresh)
 	@bash pipeline/reproduce.sh '$(NAME)' '$(PROFILE)' '$(FRESH)' '$(KEEP_CODE)'
 
+# The suite runs in parallel processes (pytest-xdist, one per core; XDIST=0: in this process);
+# the tests of one file stay on one worker (--dist loadfile: they share module fixtures).
+XDIST ?= auto
+PYTEST = $(BIN)/python -m pytest -q $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile)
+
 test: $(STAMP)  ## the whole test suite (unit, contract, pipeline; slow tests included)
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)  ## the test suite without slow tests
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(BIN)/ruff check src tests stages benchmarks
