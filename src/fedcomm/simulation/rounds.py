@@ -98,7 +98,7 @@ class Round:
         run = self.run
         inputs = RoundInputs(
             clients, run.algorithm, self._state_of, self.state.server, self.ctx, run.model,
-            run.data, local or run.local, run.seed,
+            run.data, local if local is not None else run.local, run.seed,
         )  # fmt: skip
         return run.backend.turns(inputs)
 

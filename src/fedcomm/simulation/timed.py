@@ -16,10 +16,10 @@ the round, then has the round take the accepted clients and cut the dropped ones
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +185,7 @@ def play_round(
     for turn in rnd.turns(cohort):
         down_bits = rnd.send_down(turn)
         clocked.append(time_turn(sim, turn, rnd.encode(turn), down_bits, rnd.run.local, start_s))
-    settled = settle(sim, clocked, k, start_s, partial(_retrain, sim, rnd, start_s))
+    settled = settle(sim, clocked, k, start_s, functools.partial(_retrain, sim, rnd, start_s))
     for t in settled.accepted:
         rnd.send_up(t.turn.client_id, t.encoded.payload)
         status = "partial_work" if t.turn.client_id in settled.partial else "aggregated"

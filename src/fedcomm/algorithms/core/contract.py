@@ -87,8 +87,10 @@ class AlgorithmConfig(BaseModel):
 @dataclass(frozen=True)
 class Execution:
     """How the simulator may run an algorithm and what its clients' compute costs: hints for the
-    backends and the clock, not semantics (``client_update`` alone defines the client step, and
-    a run's numbers do not depend on which backend ran it).
+    backends and the clock, not the algorithm (``client_update`` alone defines the client step).
+    ``client_job`` and ``unbatched`` change no number a run reports (both backends give the same
+    run); ``sparse_compute`` is the clock's cost model, so under a ``train.system`` section it
+    sets each client's simulated compute time, and with it who makes the deadline.
 
     * ``client_job(downlink, client_state, data, ctx) -> LocalJob``: the local training as data
       (:mod:`fedcomm.algorithms.core.jobs`), so the vectorized backend can train a round's
