@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mlflow.tracking import MlflowClient
 
 from tests.conftest import tiny_params
 from tests.unit.simulation.test_resume import _fedcomm, _runs
@@ -205,3 +206,8 @@ def test_ctrl_c_in_a_sweeps_trial(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     status, said = _said(proc, [])
     assert (status, said) == (130, ["interrupted; rerun the same command to continue the study"])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    kinds = {(r.data.tags.get("fedcomm.kind", "train"), r.info.status) for r in runs}
+    assert {k for k, _ in kinds} >= {"study", "trial"}, kinds  # the study's, trial's, seed's runs
+    assert {s for _, s in kinds} == {"KILLED"}, kinds  # each ended KILLED, none FAILED

@@ -309,6 +309,10 @@ def run_trial(
             trial_run.set_tags({"fedcomm.stopped": str(stop)})
             trial_run.finish("KILLED")
         raise
+    except KeyboardInterrupt:  # Ctrl-C: KILLED, as its training run and the study's run
+        if trial_run is not None:
+            trial_run.finish("KILLED")
+        raise
     except BaseException:
         if trial_run is not None:
             trial_run.finish("FAILED")
