@@ -44,6 +44,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 TRAFFIC_SECTION = "accuracy_vs_KiB"  # accuracy at step = cumulative KiB (up + down)
 SIM_SECTION = "accuracy_vs_sim_s"  # accuracy at step = simulated seconds (train.system)
@@ -192,7 +193,14 @@ def ensure_view(
     created = None
     if old is not None:
         created = json.loads(old).get("createdAt")
-    client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value(created_ms=created))
+    try:
+        client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value(created_ms=created))
+    except MlflowException:
+        # two processes writing it at once (two sweep workers opening the experiment): on a
+        # SQL store the second insert of the tag's key fails; the first one's view stands
+        if old is None and VIEW_TAG in client.get_experiment(experiment_id).tags:
+            return False
+        raise
     return True
 
 

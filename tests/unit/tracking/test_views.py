@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask import Flask
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from fedcomm.tracking import mlflow as tracking
 from fedcomm.tracking import ui_app, views
@@ -137,6 +139,31 @@ def test_a_view_is_written_once_kept_when_someone_saved_it_and_renewed_when_stal
     client.set_experiment_tag(exp_id, views.VIEW_TAG, mine)
     assert not views.ensure_view(client, exp_id)
     assert client.get_experiment(exp_id).tags[views.VIEW_TAG] == mine
+
+
+class _Racing(MlflowClient):
+    """A client that loses the race to write the view: another process writes the tag first
+    (``other``: its value, or None for a failure with nothing written), then this write fails
+    as a SQL store's duplicate key does."""
+
+    def __init__(self, uri: str, other: str | None) -> None:
+        super().__init__(uri)
+        self.other = other
+
+    def set_experiment_tag(self, experiment_id: str, key: str, value: Any) -> None:
+        if self.other is not None:
+            super().set_experiment_tag(experiment_id, key, self.other)
+        raise MlflowException("duplicate key value violates unique constraint")
+
+
+def test_a_view_written_by_another_process_at_the_same_moment_stands(store: Path) -> None:
+    exp_id = _client(store).create_experiment("x")
+    theirs = views.view_tag_value()
+    assert not views.ensure_view(_Racing(f"sqlite:///{store / 'mlflow.db'}", theirs), exp_id)
+    assert _client(store).get_experiment(exp_id).tags[views.VIEW_TAG] == theirs
+    exp_id = _client(store).create_experiment("y")  # a failure with no view written: raised
+    with pytest.raises(MlflowException):
+        views.ensure_view(_Racing(f"sqlite:///{store / 'mlflow.db'}", None), exp_id)
 
 
 def test_new_experiments_get_the_view_and_runs_name_their_dvc_experiment(store: Path) -> None:
