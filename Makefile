@@ -40,7 +40,7 @@ reproduce: $(STAMP)  ## run pipeline/reproductions/$(NAME).yaml in build/$(NAME)
 # The suite runs in parallel processes (pytest-xdist, one per core; XDIST=0: in this process);
 # the tests of one file stay on one worker (--dist loadfile: they share module fixtures).
 XDIST ?= auto
-PYTEST = $(BIN)/python -m pytest -q $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile)
+PYTEST = $(BIN)/python -m pytest -q --durations=30 $(if $(filter 0,$(XDIST)),,-n $(XDIST) --dist loadfile)
 
 test: $(STAMP)  ## the whole test suite (unit, contract, pipeline; slow tests included)
 	$(PYTEST)

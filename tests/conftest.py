@@ -25,6 +25,21 @@ if "FEDCOMM_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["FEDCOMM_CACHE_DIR"], ignore_errors=True)
 
 
+# Under pytest-xdist (`make test`: a worker per core) each worker computes on one thread, and so
+# do the stage scripts it starts: a thread pool per core in every worker oversubscribes the
+# cores (each pool's threads spin waiting for the others). A caller's own setting wins.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("OMP_NUM_THREADS") == "1":
+        import torch  # (after the variables above: torch reads them when it starts)
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     root = Path(os.environ.get("FEDCOMM_DATA_ROOT", SHARED_DATA))
