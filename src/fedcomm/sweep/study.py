@@ -82,7 +82,8 @@ def parent_run(study: optuna.Study, sweep: Sweep, base: Params, created: bool) -
         study.set_user_attr(PARENT_ATTR, run.run_id)
         return run.run_id
     parent: str = study.user_attrs[PARENT_ATTR]
-    tracking.reopen(base.tracking.uri, parent).client.update_run(parent, status="RUNNING")
+    with tracking.whole_write():
+        tracking.reopen(base.tracking.uri, parent).client.update_run(parent, status="RUNNING")
     return parent
 
 

@@ -53,6 +53,7 @@ from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 
 from fedcomm.atomic import file_lock
+from fedcomm.errors import interrupts_deferred
 from fedcomm.paths import project_root
 from fedcomm.tracking.inputs import PartitionInput, log_partition_input
 from fedcomm.tracking.store import SQLITE_TIMEOUT_S, TrackingStoreError, check_store, sqlite_path
@@ -164,14 +165,24 @@ def artifact_location(root: Path | None = None) -> str:
     return (base / "mlartifacts").as_uri()
 
 
+#: Every write to the store finishes whole: a Ctrl-C that lands inside one waits until it is
+#: done. Cut inside a write, MLflow's SQLite session is left holding the database's write lock
+#: (its cleanup catches ``Exception``, not ``KeyboardInterrupt``) until the interrupted
+#: connection is garbage-collected, so the run's own ``KILLED`` and every later write of the
+#: process wait 20 s and fail "database is locked" (a sweep then failed its next trials).
+whole_write = interrupts_deferred
+
+
 @dataclass
 class MlflowTracker:
-    """A handle on one MLflow run; every call goes through an explicit client."""
+    """A handle on one MLflow run; every call goes through an explicit client, and every write
+    finishes whole (:data:`whole_write`)."""
 
     client: MlflowClient
     run_id: str
     last_logged_round: int = 0  # rounds <= this were logged before a resume: not logged again
 
+    @whole_write()
     def log_round(self, round_: int, metrics: Mapping[str, float | None]) -> None:
         """One batch per round (``step`` = round), plus the round's accuracies again against
         traffic and simulated time (:func:`traffic_series`); NaN/None values are skipped."""
@@ -187,23 +198,28 @@ class MlflowTracker:
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000], synchronous=True)
 
+    @whole_write()
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         ts = int(time.time() * 1000)
         batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if _finite(v)]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000], synchronous=True)
 
+    @whole_write()
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    @whole_write()
     def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
         self.client.log_dict(self.run_id, data, artifact_file)
 
+    @whole_write()
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.client.log_batch(
             self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True
         )
 
+    @whole_write()
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status)
 
@@ -212,6 +228,7 @@ def _finite(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
+@whole_write()
 def _experiment_id(client: MlflowClient, name: str, root: Path) -> str:
     """The id of experiment ``name``, created if needed; :func:`prepare_experiment` either way."""
     exp = client.get_experiment_by_name(name)
@@ -235,6 +252,7 @@ def _experiment_id(client: MlflowClient, name: str, root: Path) -> str:
     return exp_id
 
 
+@whole_write()
 def prepare_experiment(
     client: MlflowClient, experiment_id: str, tags: Mapping[str, str] | None = None
 ) -> None:
@@ -288,6 +306,7 @@ def run_title(run_name: str, tags: Mapping[str, str]) -> str:
     return f"{run_name} ({exp})" if exp else run_name
 
 
+@whole_write()
 def open_run(
     *,
     uri: str | None,
@@ -342,6 +361,7 @@ def open_run(
     return tracker
 
 
+@whole_write()
 def fail_if_running(uri: str | None, run_id: str, reason: str) -> bool:
     """Mark run ``run_id`` FAILED (tag ``fedcomm.stopped``: ``reason``) if it is still RUNNING:
     the run of a killed process whose checkpoint cannot be resumed. Whether it was marked.
@@ -382,9 +402,15 @@ class NullTracker:
     run_id: str | None = None
     last_logged_round = 0
 
+    @whole_write()
     def log_round(self, round_: int, metrics: Mapping[str, float | None]) -> None: ...
+    @whole_write()
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None: ...
+    @whole_write()
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+    @whole_write()
     def log_dict(self, data: dict[str, Any], artifact_file: str) -> None: ...
+    @whole_write()
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
+    @whole_write()
     def finish(self, status: str = "FINISHED") -> None: ...

@@ -46,6 +46,8 @@ from urllib.parse import urlencode
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from fedcomm.errors import interrupts_deferred
+
 TRAFFIC_SECTION = "accuracy_vs_KiB"  # accuracy at step = cumulative KiB (up + down)
 SIM_SECTION = "accuracy_vs_sim_s"  # accuracy at step = simulated seconds (train.system)
 ACCURACIES = {"global/accuracy": "global", "local/accuracy": "local", "topk/accuracy": "topk"}
@@ -194,7 +196,8 @@ def ensure_view(
     if old is not None:
         created = json.loads(old).get("createdAt")
     try:
-        client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value(created_ms=created))
+        with interrupts_deferred():  # a write cut short leaves the SQLite store locked
+            client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value(created_ms=created))
     except MlflowException:
         # two processes writing it at once (two sweep workers opening the experiment): on a
         # SQL store the second insert of the tag's key fails; the first one's view stands
