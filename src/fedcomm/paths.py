@@ -1,5 +1,6 @@
-"""Where things live: the project root (escaping DVC's temporary experiment copies) and the
-name of a run's folder."""
+"""Where things live: the project root (escaping DVC's temporary experiment copies), the name of
+a run's folder, and the cache dir (what is worth keeping between processes: decoded images, the
+plot pages' JavaScript bundle)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from pathlib import Path
 
 ROOT_ENV = "FEDCOMM_PROJECT_ROOT"
+CACHE_ENV = "FEDCOMM_CACHE_DIR"
 RUN_DIR = re.compile(r"^(?P<run>.+)-s(?P<seed>\d+)$")  # a run's folder: runs/<run>-s<seed>
 
 
@@ -31,3 +33,12 @@ def project_root(start: Path | None = None) -> Path:
         if (candidate / "dvc.yaml").is_file() or (candidate / "params.yaml").is_file():
             return candidate
     return here
+
+
+def cache_root() -> Path:
+    """``$FEDCOMM_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedcomm``, else ``~/.cache/fedcomm``."""
+    env = os.environ.get(CACHE_ENV, "")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "fedcomm"

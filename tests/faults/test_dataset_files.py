@@ -20,11 +20,11 @@ import yaml
 from typer.testing import CliRunner
 
 from fedcomm.cli import app
-from fedcomm.data.datasets.image_cache import CACHE_ENV
 from fedcomm.data.datasets.mnist import read_idx
 from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.data.datasets.verify import DATA_ROOT_ENV, DatasetFileError
 from fedcomm.errors import InputError
+from fedcomm.paths import CACHE_ENV
 from tests.conftest import tiny_params
 from tests.image_folders import DAMAGES, write_image_folder
 

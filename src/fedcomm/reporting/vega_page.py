@@ -3,23 +3,31 @@ the page renders offline (a cluster node, a laptop on a train), and a plot that 
 the page instead of staying blank.
 
 The bundle comes from the installed ``vl-convert-python`` package (:func:`vega_javascript`, at the
-Vega-Lite version of the installed Altair), never from a CDN. :func:`head` is a page's
-``<head>`` contents (style, the error notice, the bundle), :func:`chart` one chart's element and
-:func:`loader` the script that draws them; :func:`dvc_plots_template` is the page template for
-``dvc plots show`` (DVC's ``plots.html_template``): the same scripts around DVC's
-``{plot_divs}``. The charts and the experiment page are :mod:`fedcomm.reporting.interactive`.
+Vega-Lite version of the installed Altair, kept in the cache dir), never from a CDN.
+:func:`head` is a page's ``<head>`` contents (style, the error notice, the bundle),
+:func:`chart` one chart's element and :func:`loader` the script that draws them;
+:func:`dvc_plots_template` is the page template for ``dvc plots show`` (DVC's
+``plots.html_template``): the same scripts around DVC's ``{plot_divs}``. The charts and the
+experiment page are :mod:`fedcomm.reporting.interactive`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import html
 import json
 import re
 from functools import cache
+from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import altair as alt
 import vl_convert
+
+from fedcomm import atomic
+from fedcomm.paths import cache_root
 
 # Turns a script error or a failed vega-embed (a rejected promise) into a visible notice: a
 # page whose plots cannot render must say so, not stay blank.
@@ -73,9 +81,36 @@ def vegalite_version() -> str:
 def vega_javascript() -> str:
     """Vega, Vega-Lite (:func:`vegalite_version`) and vega-embed as one JavaScript bundle that
     defines ``vegaEmbed``, ``vega`` and ``vegaLite`` globally (vl-convert's
-    ``javascript_bundle``, about 0.9 MB; no network at build or view time)."""
+    ``javascript_bundle``, about 0.9 MB; no network at build or view time).
+
+    Bundling takes vl-convert about 1.5 s, so the bundle is kept in the cache dir
+    (``<cache dir>/vega/<key>.js``, :func:`fedcomm.paths.cache_root`), keyed by vl-convert's
+    version, the Vega-Lite version and the globals line. Its first line holds the sha256 of the
+    rest: a file that does not match is bundled and written again, never used. A cache dir that
+    cannot be written only costs the bundling next time."""
     minor = ".".join(vegalite_version().split(".")[:2])
-    return vl_convert.javascript_bundle(GLOBALS, vl_version=minor)
+    blob = json.dumps([version("vl-convert-python"), minor, GLOBALS])
+    path = cache_root() / "vega" / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.js"
+    bundle = _read_bundle(path)
+    if bundle is None:
+        bundle = vl_convert.javascript_bundle(GLOBALS, vl_version=minor)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_text(path, f"// sha256 {_digest(bundle)}\n{bundle}")
+    return bundle
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_bundle(path: Path) -> str | None:
+    """The cached bundle at ``path``, or None (absent, unreadable, or not what its digest says)."""
+    try:
+        head, _, bundle = path.read_text(encoding="utf-8").partition("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return bundle if head == f"// sha256 {_digest(bundle)}" else None
 
 
 def versions() -> str:

@@ -170,9 +170,11 @@ def client_threads(model: nn.Module, data: FederatedTensors, local: LocalConfig)
     pass is under :data:`SMALL_STEP_FLOPS` (the MLP's batch of 10: 2 MFLOP; a second thread's
     hand-off then costs more than it saves, 1 thread is ~1.2x faster on 2 cores), else the
     process's (the LeNet-like CNN's batch of 32: 270 MFLOP, where 2 threads are ~1.4x faster).
-    Measured with ``benchmarks/backends.py``; FLOPs counted on one real example."""
+    Measured with ``benchmarks/backends.py``; FLOPs counted on one real example. A process with
+    one thread has nothing to choose, and skips the count (its first use loads torch's operator
+    decompositions: about a second)."""
     source = next((d for d in data.train if d.num_examples), None)
-    if source is None:
+    if source is None or torch.get_num_threads() == 1:
         return torch.get_num_threads()
     was_training = model.training
     model.eval()  # no batch-norm statistics updated, no dropout draws

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from fedcomm.data.datasets import image_cache, image_files, image_folder
-from fedcomm.data.datasets.image_cache import CACHE_ENV, CacheWarning
+from fedcomm.data.datasets.image_cache import CacheWarning
 from fedcomm.data.datasets.image_folder import Release
 from fedcomm.data.datasets.registry import load_dataset
 from fedcomm.data.datasets.verify import DatasetFileError, DatasetNotFoundError
 from fedcomm.data.types import Dataset
+from fedcomm.paths import CACHE_ENV, cache_root
 from tests.image_folders import DAMAGES, image_pixels, write_image, write_image_folder
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
@@ -258,11 +259,11 @@ def test_cache_off_and_an_unusable_cache_dir(
 def test_cache_dir_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert image_cache.cache_root() == tmp_path / "xdg" / "fedcomm"
+    assert cache_root() == tmp_path / "xdg" / "fedcomm"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert image_cache.cache_root() == Path.home() / ".cache" / "fedcomm"
+    assert cache_root() == Path.home() / ".cache" / "fedcomm"
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
-    assert image_cache.cache_root() == tmp_path / "mine"
+    assert cache_root() == tmp_path / "mine"
 
 
 def test_float_conversion_is_the_usual_one() -> None:
@@ -344,14 +345,19 @@ def test_verify_compares_a_known_release_digest(
 
 
 @pytest.mark.slow
-def test_cifar10_jpeg_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cifar10_jpeg_real() -> None:
     """The decode is right: counts, labels from the sorted class names, RGB order and the
-    per-channel statistics of ``cifar10_jpeg/README.md``; the cached load is identical."""
+    per-channel statistics of ``cifar10_jpeg/README.md``; the cached load is identical.
+
+    It shares the test session's cache dir (tests/conftest.py) with the CIFAR-10 guards, so the
+    60,000 JPEGs are decoded once a session (about 30 s of the suite's time): whichever test
+    comes first decodes and caches, and its array is what this one checks, since the cache is
+    keyed by every file's bytes and the decoder. Decode and cache on a private cache dir are
+    tested on small folders above."""
     if not (SHARED / "cifar10_jpeg" / "train").is_dir():
         if os.environ.get("CI"):
             pytest.fail(f"{SHARED / 'cifar10_jpeg'} is missing")
         pytest.skip("the CIFAR-10 JPEG copy is not on this machine")
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     ds = load_dataset("image_folder", SHARED, path="cifar10_jpeg")  # verify: the README's digest
     assert ds.x.shape == (60000, 3, 32, 32) and ds.x.dtype == np.float32 and ds.num_classes == 10
     assert np.bincount(ds.y[:50000]).tolist() == [5000] * 10

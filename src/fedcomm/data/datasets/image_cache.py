@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 import zipfile
 from pathlib import Path
@@ -36,22 +35,13 @@ from fedcomm.data.datasets.image_files import (
 )
 from fedcomm.data.datasets.verify import damaged
 from fedcomm.errors import InputWarning, one_line
+from fedcomm.paths import CACHE_ENV, cache_root
 
-CACHE_ENV = "FEDCOMM_CACHE_DIR"
 _FORMAT = 1  # version of the cache file's layout; part of the key
 
 
 class CacheWarning(InputWarning):
     """The decode cache could not be used or written; the data is decoded from the images."""
-
-
-def cache_root() -> Path:
-    """``$FEDCOMM_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedcomm``, else ``~/.cache/fedcomm``."""
-    env = os.environ.get(CACHE_ENV, "")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "fedcomm"
 
 
 def _array_digest(x: np.ndarray, y: np.ndarray) -> str:
