@@ -34,7 +34,9 @@ def test_sweep_stage_is_opt_in_resumable_and_applies(tmp_path: Path, data_root: 
         (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
     (root / ".dvc").mkdir()
     shutil.copy(REPO / ".dvc" / "config", root / ".dvc" / "config")
-    shutil.copy(REPO / "pipeline" / "profiles" / "tiny.yaml", root / "params.yaml")
+    tiny = yaml.safe_load((REPO / "pipeline" / "profiles" / "tiny.yaml").read_text())
+    tiny["experiment"]["runs"] = ["fedsparse"]  # the swept run: `dvc exp run` trains it alone
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny))
     _set_trials(root, 2)  # the shipped FedSparse space on the tiny profile's fedsparse run
     git = ("git", "-c", "user.email=t@t", "-c", "user.name=t")
     _sh(root, "git", "init", "-q")

@@ -24,6 +24,8 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -312,3 +314,16 @@ def test_a_family_builds_on_core_and_no_other_family(tmp_path: Path) -> None:
         "fedcomm.algorithms.submodel.units imports fedcomm.algorithms.sparse.codec",
     ]
     assert helpers_imported_from_outside(graph) == []  # a family's modules are for everyone
+
+
+def test_the_train_stage_imports_no_plotting_library() -> None:
+    """Every train process (a DVC stage, each seed of a sweep trial) pays its imports: the run's
+    plots are the evaluate stage's, so training loads neither matplotlib nor Altair (~0.6 s)."""
+    code = (
+        "import sys, fedcomm.stages.train, fedcomm.cli\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'altair'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"

@@ -4,6 +4,7 @@ metrics), ``eval_clients.parquet`` and ``plots/``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -18,10 +19,14 @@ from fedcomm.evaluation.round_time import LinkModel
 from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.evaluation.traffic import upload_ratios
 from fedcomm.models.progressive import dense_numel
+from fedcomm.reporting.plots import (
+    plot_accuracy_vs_gib,
+    plot_accuracy_vs_gib_and_sim_time,
+    plot_accuracy_vs_round,
+)
 from fedcomm.simulation.device import resolve as resolve_device
 from fedcomm.simulation.global_eval import evaluate_global
 from fedcomm.stages.identity import resolved_run_config, run_name
-from fedcomm.stages.outputs import run_plots
 from fedcomm.stages.partition import load_federated
 from fedcomm.stages.paths import Paths
 from fedcomm.stages.train import build_run_model
@@ -151,3 +156,30 @@ def _is_float(v: str) -> bool:
     except ValueError:
         return False
     return v not in ("True", "False")
+
+
+def run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
+    """This run's curves: global and local accuracy vs cumulative GiB, global accuracy vs round,
+    and with a ``system`` section global accuracy vs GiB beside simulated hours."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {name: [rounds]}
+    paths = [
+        out / "global_accuracy_vs_gib.png",
+        out / "local_accuracy_vs_gib.png",
+        out / "accuracy_vs_round.png",
+    ]
+    plot_accuracy_vs_gib(
+        runs, paths[0], metric="global/accuracy", title=f"{name}: global accuracy vs communication"
+    )
+    plot_accuracy_vs_gib(
+        runs, paths[1], metric="local/accuracy", title=f"{name}: local accuracy vs communication"
+    )
+    plot_accuracy_vs_round(
+        runs, paths[2], metric="global/accuracy", title=f"{name}: global accuracy vs round"
+    )
+    if "time/sim_elapsed_s" in rounds.columns:  # a system section: simulated time too
+        paths.append(out / "accuracy_vs_gib_and_sim_time.png")
+        plot_accuracy_vs_gib_and_sim_time(
+            runs, paths[-1], title=f"{name}: global accuracy vs communication and simulated time"
+        )
+    return paths

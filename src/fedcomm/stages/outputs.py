@@ -1,5 +1,6 @@
-"""The files a run writes: the train stage's tables, model and ``run.json``, and the evaluate
-stage's plots of the run. :mod:`fedcomm.run_files` reads them back."""
+"""The files a run's training writes: its tables, model and ``run.json``
+(:mod:`fedcomm.run_files` reads them back). The run's plots are the evaluate stage's
+(:func:`fedcomm.stages.evaluate.run_plots`), so training imports no plotting library."""
 
 from __future__ import annotations
 
@@ -9,11 +10,6 @@ from typing import Any
 import polars as pl
 
 from fedcomm import atomic
-from fedcomm.reporting.plots import (
-    plot_accuracy_vs_gib,
-    plot_accuracy_vs_gib_and_sim_time,
-    plot_accuracy_vs_round,
-)
 from fedcomm.simulation import loop
 from fedcomm.sparse_io import save_sparse
 
@@ -42,30 +38,3 @@ def rounds_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
         pl.col(c).cast(pl.Float64) for c in frame.columns if c != "round"
     ]
     return frame.with_columns(casts)
-
-
-def run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
-    """This run's curves: global and local accuracy vs cumulative GiB, global accuracy vs round,
-    and with a ``system`` section global accuracy vs GiB beside simulated hours."""
-    out.mkdir(parents=True, exist_ok=True)
-    runs = {name: [rounds]}
-    paths = [
-        out / "global_accuracy_vs_gib.png",
-        out / "local_accuracy_vs_gib.png",
-        out / "accuracy_vs_round.png",
-    ]
-    plot_accuracy_vs_gib(
-        runs, paths[0], metric="global/accuracy", title=f"{name}: global accuracy vs communication"
-    )
-    plot_accuracy_vs_gib(
-        runs, paths[1], metric="local/accuracy", title=f"{name}: local accuracy vs communication"
-    )
-    plot_accuracy_vs_round(
-        runs, paths[2], metric="global/accuracy", title=f"{name}: global accuracy vs round"
-    )
-    if "time/sim_elapsed_s" in rounds.columns:  # a system section: simulated time too
-        paths.append(out / "accuracy_vs_gib_and_sim_time.png")
-        plot_accuracy_vs_gib_and_sim_time(
-            runs, paths[-1], title=f"{name}: global accuracy vs communication and simulated time"
-        )
-    return paths
