@@ -5,10 +5,10 @@ They run as a new user types them after `make repro`: in order, in one new `bash
 environment has no virtualenv on PATH, no VIRTUAL_ENV and no PYTHONPATH, so that only what the
 README says (`source .venv/bin/activate`) makes `dvc`, `mlflow`, `fedcomm` and the stages' `python`
 the project's. The repo is a temporary git + DVC copy of the project on the tiny profile (two of
-its runs), with the keys the README's commands assume of params.yaml (`dvc exp run -S` only sets existing keys):
-`algorithms.fedprox.mu`, `train.backend` and the MLflow experiment `fedcomm`; its `.venv` is the
-virtualenv running the tests. A stage started by a `python` without the project's packages ends
-with one line that says to activate it."""
+its runs), with the keys the README's commands assume of params.yaml (`dvc exp run -S` only sets
+existing keys): `algorithms.fedprox.mu`, `train.backend` and the MLflow experiment `fedcomm`; its
+`.venv` is the virtualenv running the tests. A stage started by a `python` without the project's
+packages ends with one line that says to activate it."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ there is exactly one implementation.
 
 Below the four stages: :mod:`~fedcomm.stages.identity` (a run's name, resolved config, config
 hash, code fingerprint, git state), :mod:`~fedcomm.stages.paths` (where the stages read and
-write) and :mod:`~fedcomm.stages.outputs` (the files a run's training writes). A stage imports only those
-and the stages before it; nothing imports ``summarize``. This package re-exports nothing, so
-importing one stage loads only what that stage needs.
+write) and :mod:`~fedcomm.stages.outputs` (the files a run's training writes). A stage imports
+only those and the stages before it; nothing imports ``summarize``. This package re-exports
+nothing, so importing one stage loads only what that stage needs.
 """
