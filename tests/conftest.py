@@ -40,16 +40,6 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files holding a test marked ``slow`` first (in their own order), then the rest, each
-    file's tests kept together and in order. Under xdist (``--dist loadfile``: a worker takes a
-    file at a time) the long files then start early and the short ones fill the end; in
-    collection order a long file near the end (tests/unit/test_paper_profile_runs.py) kept one
-    worker busy while the other idled (the suite's last 3% took ~3 min)."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
-
-
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     root = Path(os.environ.get("FEDCOMM_DATA_ROOT", SHARED_DATA))
