@@ -131,7 +131,9 @@ def test_partition_is_refused_when_stale(repo: Path) -> None:
 
 def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
     commit(repo, "repro")
-    _sh(repo, "dvc", "exp", "run", "--queue", "-S", "train.rounds=2", "-n", "queued-exp")
+    # one run is enough to show where the queued copy logs (2 stage processes of training, not 6)
+    queue = ["-S", "train.rounds=2", "-S", "experiment.runs=[fedavg]", "-n", "queued-exp"]
+    _sh(repo, "dvc", "exp", "run", "--queue", *queue)
     _sh(repo, "dvc", "queue", "start", "-j", "1")
     # wait for the queued pipeline's last MLflow run (read in this process: a `dvc queue status`
     # is a new process, ~1 s of CPU taken from the experiment), asking DVC every 20 s meanwhile
@@ -147,9 +149,7 @@ def test_queued_experiment_logs_to_the_workspace_store(repo: Path) -> None:
     assert "Success" in _sh(repo, "dvc", "queue", "status")
     names = [r for r in _runs(repo) if r[2] == "queued-exp"]
     assert [(n, s) for n, s, _ in names] == [  # named after the DVC experiment
-        ("fedadam-s0 (queued-exp)", "FINISHED"),
         ("fedavg-s0 (queued-exp)", "FINISHED"),
-        ("fedsparse-s0 (queued-exp)", "FINISHED"),
         ("summary (queued-exp)", "FINISHED"),
     ]
     strays = [p for p in (repo / ".dvc").rglob("mlflow.db")] + list(
