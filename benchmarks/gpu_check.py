@@ -26,8 +26,9 @@ Parts (``--parts``, in this order):
   ``configs/baseline.yaml``: ``cifar10_iid``, 1,000 clients of 50 images, 50 a round, B = 10,
   E = 1, local lr 0.1, FedAvg with server lr 1, its ``simple_cnn``), 20 rounds on the
   vectorized and the sequential backend and the plain loop, plus the vectorized backend on the
-  same CNN without its dropout (a model that draws random numbers in its forward pass cannot
-  train batched: the library falls back to sequential and says why).
+  same CNN without its dropout (what the dropout masks, drawn per client outside the batched
+  step, cost); ``vectorized_fallback`` is the library's reason to train it one client at a time
+  (None: it trains batched).
 
 Data is synthetic everywhere (no dataset can travel with the check): the speed and the memory
 do not depend on the values, and the accuracies are chance.

@@ -24,6 +24,7 @@ from fedcomm.algorithms import CONFIGS, build_algorithm
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import COMPRESSORS, build_compressor
 from fedcomm.models import build_model
+from fedcomm.models.vision import MLP
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import ClientData, FederatedTensors
 from tests.conftest import digits_federation
@@ -162,15 +163,108 @@ class _WithBatchNorm(nn.Module):
         return self.bn(self.fc(x.flatten(1)))
 
 
+class _WithDropout(MLP):
+    """The registry's MLP (so the sub-model family takes it) with dropout on its input and its
+    hidden layer: two sites a forward pass."""
+
+    def __init__(self, d: int, classes: int, p: float = 0.3) -> None:
+        super().__init__(d, [16], classes)
+        self.drop_in = nn.Dropout(p / 2)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.fc1(self.drop_in(x.flatten(1))))))
+
+
+class _ConvWithDropout(nn.Module):
+    """A small CNN with channel dropout (Dropout2d) and element dropout."""
+
+    def __init__(self, shape: tuple[int, ...], classes: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(shape[0], 4, 3, padding=1)
+        self.drop2d = nn.Dropout2d(0.25)
+        self.drop = nn.Dropout(0.5)
+        self.fc = nn.Linear(4 * math.prod(shape[1:]), classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(self.drop2d(torch.relu(self.conv(x))).flatten(1)))
+
+
+def _dropout_model(fed: FederatedTensors, p: float = 0.3) -> nn.Module:
+    torch.manual_seed(0)
+    return _WithDropout(math.prod(fed.input_shape), fed.num_classes, p)
+
+
+@pytest.mark.parametrize("name", sorted(BATCHED))
+def test_dropout_models_batch_and_match_sequential(name: str, fed: FederatedTensors) -> None:
+    """Each client's masks come from its own dropout stream, drawn outside the step, so a
+    dropout model trains batched with the sequential run's draws (padded batches included)."""
+    seq = _run(name, fed, "sequential", local=LOCALS["momentum"], model=_dropout_model(fed))
+    vec = _run(name, fed, "vectorized", local=LOCALS["momentum"], model=_dropout_model(fed))
+    assert vec.backend == "vectorized"
+    _assert_close(seq, vec)
+
+
+def test_channel_dropout_batches_and_matches_sequential(fed: FederatedTensors) -> None:
+    runs = {}
+    for backend in ("sequential", "vectorized"):
+        torch.manual_seed(0)
+        model = _ConvWithDropout(tuple(fed.input_shape), fed.num_classes)
+        runs[backend] = _run("fedavg", fed, backend, local=LOCALS["momentum"], model=model)
+    assert runs["vectorized"].backend == "vectorized"
+    _assert_close(runs["sequential"], runs["vectorized"])
+
+
+def test_dropout_draws_are_the_clients_own(fed: FederatedTensors) -> None:
+    """The masks come from each client's (seed, DROPOUT, round, client) stream: the global
+    generator's state does not change a run; the masks do act (p = 0.3 is not p = 0)."""
+    runs = []
+    for global_seed in (1, 2):
+        model = _dropout_model(fed)
+        torch.manual_seed(global_seed)  # the global generator no longer feeds dropout
+        runs.append(_run("fedavg", fed, "sequential", model=model))
+    a, b = runs
+    assert all(torch.equal(a.final_params[k], b.final_params[k]) for k in a.final_params)
+    none = _run("fedavg", fed, "sequential", model=_dropout_model(fed, p=0.0))
+    assert not torch.allclose(a.final_params["fc1.weight"], none.final_params["fc1.weight"])
+
+
+class _FunctionalDropout(nn.Module):
+    def __init__(self, d: int, classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(nn.functional.dropout(x.flatten(1), 0.2, self.training))
+
+
+class _AlphaDropout(nn.Module):
+    def __init__(self, d: int, classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, classes)
+        self.alpha = nn.AlphaDropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.alpha(x.flatten(1)))
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (_FunctionalDropout, "outside nn.Dropout layers (e.g. F.dropout)"),
+        (_AlphaDropout, "alpha dropout layers (alpha)"),
+        (_WithBatchNorm, "buffers (bn."),  # running statistics: module state, not per client
+    ],
+)
 def test_a_model_that_cannot_be_batched_falls_back(
-    fed: FederatedTensors, caplog: pytest.LogCaptureFixture
+    model: type[nn.Module], reason: str, fed: FederatedTensors, caplog: pytest.LogCaptureFixture
 ) -> None:
     d = math.prod(fed.input_shape)
     with caplog.at_level(logging.WARNING, logger="fedcomm.backend"):
         torch.manual_seed(0)
-        res = _run("fedavg", fed, "vectorized", rounds=1, model=_WithBatchNorm(d, fed.num_classes))
+        res = _run("fedavg", fed, "vectorized", rounds=1, model=model(d, fed.num_classes))
     assert res.backend == "sequential"
-    assert any("buffers (bn." in r.getMessage() for r in caplog.records)
+    assert any(reason in r.getMessage() for r in caplog.records)
 
 
 def test_vectorized_is_deterministic_and_chunking_does_not_matter(fed: FederatedTensors) -> None:

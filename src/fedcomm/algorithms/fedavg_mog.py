@@ -56,6 +56,7 @@ from fedcomm.algorithms.core.context import (
 )
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
+from fedcomm.models import dropout
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.server_opt import OptState, ServerOptConfig, adam_server
 from fedcomm.types import ParamDict
@@ -172,7 +173,7 @@ def pick_member(members: Sequence[ParamDict], data: ClientData, ctx: ClientConte
     gen = torch.Generator().set_state(ctx.generator.get_state())
     idx = _local.batch_schedule(data.num_examples, ctx.local, gen)[0]
     xb, yb = data.x[idx], data.y[idx]
-    with torch.no_grad():
+    with torch.no_grad(), dropout.disabled(ctx.model):  # a measurement: no dropout draw
         losses = [_local.cross_entropy(functional_call(ctx.model, m, (xb,)), yb) for m in members]
     return int(torch.stack(losses).argmin())
 

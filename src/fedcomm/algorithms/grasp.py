@@ -53,6 +53,7 @@ from fedcomm.algorithms.sparse import SparseConfig
 from fedcomm.algorithms.sparse import codec as _codec
 from fedcomm.algorithms.sparse import masks as _masks
 from fedcomm.comm.payload import Mask, Payload
+from fedcomm.models import dropout
 
 
 class Config(SparseConfig):
@@ -86,7 +87,8 @@ def grasp_scores(
     batches = torch.arange(data.num_examples, device=data.x.device).split(batch_size)
 
     def grads(idx: Tensor, create_graph: bool) -> tuple[Tensor, ...]:
-        logits = functional_call(model, {**rest, **leaves}, (data.x[idx],))
+        with dropout.disabled(model):  # a measurement: the whole network, no draw
+            logits = functional_call(model, {**rest, **leaves}, (data.x[idx],))
         loss = _local.cross_entropy(logits / temperature, data.y[idx])
         return torch.autograd.grad(
             loss, list(leaves.values()), create_graph=create_graph, materialize_grads=True

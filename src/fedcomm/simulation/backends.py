@@ -29,9 +29,10 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedcomm.algorithms.core import ClientContext, ClientResult, FedAlgorithm, RoundContext
-from fedcomm.algorithms.core.jobs import LocalProgram, grad_fn
+from fedcomm.algorithms.core.jobs import LocalProgram, grad_fn, with_dropout
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.payload import Payload
+from fedcomm.models import dropout
 from fedcomm.models.lstm import unrolled
 from fedcomm.seeding import Stream, torch_generator
 from fedcomm.simulation import allocator, auto_backend, device, vectorized
@@ -200,7 +201,7 @@ def _vectorized(
         cstate, down, cctx = r.start(cid)
         t0 = time.perf_counter()
         decoded = down.decode()
-        job = client_job(decoded, cstate, r.data.train[cid], cctx)
+        job = with_dropout(client_job(decoded, cstate, r.data.train[cid], cctx), cctx)
         prepared.append((cid, down, decoded, cctx, job, time.perf_counter() - t0))
     t0 = time.perf_counter()
     with autocast():
@@ -232,24 +233,29 @@ def model_unbatched_reason(
     if any(True for _ in model.buffers()):
         names = sorted(n for n, _ in model.named_buffers())
         return f"the model has buffers ({', '.join(names[:3])}) that a batched step cannot carry"
+    unsupported = dropout.unsupported(model)
+    if unsupported is not None:
+        return unsupported
     source = next((d for d in data.train if d.num_examples), None)
     if source is None:
         return None
     params = {k: torch.stack([v.detach(), v.detach()]) for k, v in model.named_parameters()}
     x = torch.stack([source.x[:1], source.x[:1]])
     y = torch.stack([source.y[:1], source.y[:1]])
+    masks = dropout.kept_all(dropout.sites(model, source.x[:1]), 1)  # the layers' given masks
+    masks = {k: torch.stack([v, v]).to(x.device) for k, v in masks.items()}
     phase = grad_fn(model, LocalProgram(), local, functional=True)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with unrolled(model):  # as the vectorized backend runs it
-                torch.func.vmap(phase, in_dims=(0, 0, 0, 0, None))(params, {}, x, y, None)
+                torch.func.vmap(phase, in_dims=(0, 0, 0, 0, None))(params, masks, x, y, None)
     except Exception as err:  # any failure means: not batchable; say why
         text = str(err).strip()
         if "random operation" in text:
             return (
-                "its model draws random numbers in the forward pass (dropout): a batched step "
-                "cannot replay each client's draws"
+                "its model draws random numbers in the forward pass outside nn.Dropout layers "
+                "(e.g. F.dropout): a batched step cannot replay each client's draws"
             )
         first = text.splitlines()[0] if text else type(err).__name__
         return f"its model's step does not vmap ({type(err).__name__}: {first[:160]})"

@@ -9,7 +9,9 @@ clients. Per step:
    example at weight 0, its real examples weighted ``1/n`` (the weighted loss equals the mean);
    a client that has run out of steps does a no-op step;
 2. per-step random tensors come from each *active* client's ``draws()`` (its own generator, the
-   sequential order), zeros for inactive ones;
+   sequential order), zeros for inactive ones; so do dropout masks, from each active client's
+   dropout stream for its own batch's rows (:mod:`fedcomm.models.dropout`), keeping all on
+   padding rows and inactive clients;
 3. the gradient phase (data loss, hooks, per-client clipping) runs under
    ``torch.func.vmap(torch.func.grad(...))``;
 4. the SGD/Adamax update runs in place on the stacked tensors (elementwise: the same rule);
@@ -41,6 +43,7 @@ from fedcomm.algorithms.core.jobs import (
     grad_fn,
 )
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.models import dropout
 from fedcomm.models.lstm import unrolled
 from fedcomm.simulation import device as dev_mod
 
@@ -161,11 +164,13 @@ def step_bytes(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> int:
     params.update({n: p.detach()[None] for n, p in model.named_parameters() if n not in params})
     rows = torch.arange(min(cfg.batch_size, job.data.num_examples), device=job.data.x.device)
     x, y = job.data.x[rows][None], job.data.y[rows][None]
+    masks = dropout.kept_all(dropout.sites(model, job.data.x[:1]), len(rows))
+    masks = {k: v[None].to(x.device) for k, v in masks.items()}  # (1, B, *shape)
     phase = torch.func.vmap(
         grad_fn(model, LocalProgram(), cfg, functional=True), in_dims=(0, 0, 0, 0, None)
     )
     with _Allocated() as counter:
-        phase(params, {}, x, y, None)
+        phase(params, masks, x, y, None)
     return counter.total
 
 
@@ -187,6 +192,7 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
     phases: dict[bool, Callable[..., Any]] = {}  # the vmapped gradient phase, padded or not
     template: dict[str, Tensor] | None = None
     batches = _Batches(chunk, S)
+    plan = dropout.sites(model, chunk[0].data.x[:1]) if chunk[0].dropout is not None else ()
     for s in range(S):
         active = [s < n for n in n_steps]
         xb, yb, wb = batches.step(s)
@@ -195,11 +201,14 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
         if chunk[0].draws is not None:
             drawn, template = _draws(chunk, active, template, dev)
             step_frozen = {**frozen, **drawn}
+        masks = _dropout_masks(chunk, active, s, xb.shape[1], plan, dev)
         if weighted not in phases:  # (building a vmapped function is cheap: no tracing)
             one: GradFn = grad_fn(model, program, cfg, functional=True)
             phases[weighted] = torch.func.vmap(one, in_dims=(0, 0, 0, 0, 0 if weighted else None))
         phase = phases[weighted]
-        grads, aux_grads, loss = phase(live, step_frozen, xb, yb, wb)
+        grads, aux_grads, loss = phase(
+            live, {**step_frozen, **masks} if masks else step_frozen, xb, yb, wb
+        )
         losses[s] = loss
         off = [i for i, a in enumerate(active) if not a]  # known on the host: no sync
         saved = _save(live, bufs, off)
@@ -251,6 +260,33 @@ def _draws(
         [d if d is not None else {k: torch.zeros_like(v) for k, v in t.items()} for d in drawn]
     )
     return {k: v.to(dev, non_blocking=True) for k, v in stacked.items()}, template
+
+
+def _dropout_masks(
+    chunk: Sequence[LocalJob],
+    active: Sequence[bool],
+    s: int,
+    B: int,
+    plan: tuple[dropout.Site, ...],
+    dev: torch.device,
+) -> dict[str, Tensor]:
+    """Step ``s``'s dropout masks ``(C, B, *shape)`` on ``dev``: each active client's drawn from
+    its own stream for its batch's rows (as the sequential executor draws them), padding rows
+    and inactive clients keeping all."""
+    if not plan:
+        return {}
+    per_client = []
+    for job, on in zip(chunk, active, strict=True):
+        if not on or job.dropout is None:
+            per_client.append(dropout.kept_all(plan, B))
+            continue
+        rows = len(job.batches[s])
+        drawn = dropout.draw(plan, rows, job.dropout)
+        if rows < B:
+            pad = dropout.kept_all(plan, B - rows)
+            drawn = {k: torch.cat([v, pad[k]]) for k, v in drawn.items()}
+        per_client.append(drawn)
+    return {k: v.to(dev, non_blocking=True) for k, v in _stack(per_client).items()}
 
 
 def _after_step(

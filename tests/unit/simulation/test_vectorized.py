@@ -103,12 +103,15 @@ def test_batches_of_equal_clients_are_unweighted() -> None:
 
 
 class _Dropout(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, functional: bool = False) -> None:
         super().__init__()
         self.fc = nn.Linear(784, 10)
         self.drop = nn.Dropout(0.5)
+        self.functional = functional
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.functional:  # a draw no given mask replaces
+            return nn.functional.dropout(self.fc(x.flatten(1)), 0.5, self.training)
         return self.drop(self.fc(x.flatten(1)))
 
 
@@ -118,8 +121,9 @@ def test_probe_accepts_plain_models_and_names_what_it_refuses() -> None:
     for name, kw in [("mlp", {"hidden": [8]}), ("cnn", {}), ("resnet20", {})]:
         model = build_model(name, input_shape=(1, 28, 28), num_classes=10, **kw)
         assert model_unbatched_reason(model, images, local) is None, name
-    reason = model_unbatched_reason(_Dropout(), images, local)
-    assert reason is not None and "dropout" in reason
+    assert model_unbatched_reason(_Dropout(), images, local) is None  # masks given per client
+    reason = model_unbatched_reason(_Dropout(functional=True), images, local)
+    assert reason is not None and "outside nn.Dropout layers (e.g. F.dropout)" in reason
     text = _fed(torch.randint(0, 80, (4, 12)), torch.randint(0, 80, (4, 12)))
     lstm = build_model("lstm", input_shape=(12,), num_classes=80)
     assert model_unbatched_reason(lstm, text, local) is None  # GateLSTM's gate form batches

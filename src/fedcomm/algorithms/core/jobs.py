@@ -15,8 +15,11 @@ the hooks read: anchors, masks, penalties' constants), so the program's hooks ar
 ``full = frozen | live`` and can be vmapped. Randomness a step needs (FedSparse's gate noise,
 FedBIAD's weight noise) is drawn *outside* the step by ``draws()`` from the client's own
 generator, in the order the sequential code draws it, and enters the step as frozen tensors:
-the same seed gives the same draws on both backends. Host-side logic between steps (FedBIAD's
-pattern resampling, FedDST's mid-training readjustment) is ``after_step`` at the listed steps.
+the same seed gives the same draws on both backends. Dropout masks are drawn the same way, by the
+executors, from the client's dropout stream (``LocalJob.dropout``, :mod:`fedcomm.models.dropout`),
+and enter the step as frozen tensors the forward pass multiplies by. Host-side logic between
+steps (FedBIAD's pattern resampling, FedDST's mid-training readjustment) is ``after_step`` at the
+listed steps.
 
 Here: the job (:class:`LocalProgram`, :class:`LocalJob`, :class:`JobResult`, :func:`new_job`) and
 the step both executors run (the data loss, :func:`grad_fn`, :func:`apply_update`); the
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -48,6 +51,8 @@ from fedcomm.algorithms.core.sgd import (
     init_bufs,
     sgd_inplace,
 )
+from fedcomm.models import dropout
+from fedcomm.seeding import Stream, torch_generator
 from fedcomm.types import ParamDict
 
 # (live after the update, frozen of the step, live before the step or {}) -> projected live
@@ -118,6 +123,18 @@ class LocalJob:
     draws: Callable[[], dict[str, Tensor]] | None = None  # per-step random tensors, in order
     after_step: AfterStep | None = None
     hook_steps: frozenset[int] = field(default_factory=frozenset)
+    # the client's dropout stream: the executors draw each step's masks from it before the step
+    # (:mod:`fedcomm.models.dropout`); None: dropout layers draw from torch's global generator
+    dropout: torch.Generator | None = None
+
+
+def with_dropout(job: LocalJob, ctx: ClientContext) -> LocalJob:
+    """``job`` with the client's dropout stream ``(seed, DROPOUT, round, client)`` when the
+    model has dropout layers (both backends set it, so both draw the same masks)."""
+    if not dropout.layers(ctx.model):
+        return job
+    gen = torch_generator(ctx.seed, Stream.DROPOUT, ctx.round_, ctx.client_id)
+    return replace(job, dropout=gen)
 
 
 def unfinished(result: JobResult) -> ClientResult:
@@ -202,7 +219,8 @@ def grad_fn(
     eager form of the sequential backend (:func:`torch.autograd.grad`). ``bound=True`` (eager
     only, no ``param_map``): ``live`` are leaf tensors the caller has bound into ``model`` for the
     whole job (:func:`.sequential.train_job`), so a step is a plain ``model(xb)``, without
-    re-binding the module's parameters every step.
+    re-binding the module's parameters every step. The step's dropout masks (``frozen``'s
+    :data:`fedcomm.models.dropout.PREFIX` keys) go to the forward pass only, never to the hooks.
     """
     names = frozenset(n for n, _ in model.named_parameters())
     aux_keys = program.aux.keys if program.aux is not None else frozenset()
@@ -213,17 +231,19 @@ def grad_fn(
         xb: Tensor,
         yb: Tensor,
         wb: Tensor | None,
+        masks: Mapping[str, Tensor],
     ) -> tuple[Tensor, Tensor]:
         full = {**frozen, **live}
         seen = full  # what the loss hook sees: full, plus what param_map computed on the way
         if bound:
-            logits = model(xb)
+            with dropout.given(model, masks):
+                logits = model(xb)
         else:
             mapped = program.param_map(full) if program.param_map is not None else full
             forward = {k: v for k, v in mapped.items() if k in names}
             extras = {k: v for k, v in mapped.items() if k not in names and k not in full}
             seen = {**full, **extras} if extras else full
-            with _gated_inputs(model, program.input_gates, mapped):
+            with _gated_inputs(model, program.input_gates, mapped), dropout.given(model, masks):
                 logits = functional_call(model, forward, (xb,))
         if program.logit_mask is not None:
             loss = masked_cross_entropy(logits, yb, seen[program.logit_mask], wb)
@@ -240,12 +260,13 @@ def grad_fn(
         xb: Tensor,
         yb: Tensor,
         wb: Tensor | None,
+        masks: Mapping[str, Tensor],
     ) -> tuple[dict[str, Tensor], Tensor]:
         if functional:
-            grads, loss = torch.func.grad(objective, has_aux=True)(live, frozen, xb, yb, wb)
+            grads, loss = torch.func.grad(objective, has_aux=True)(live, frozen, xb, yb, wb, masks)
             return grads, loss
         leaves = live if bound else {k: v.detach().requires_grad_(True) for k, v in live.items()}
-        total, loss = objective(leaves, frozen, xb, yb, wb)
+        total, loss = objective(leaves, frozen, xb, yb, wb, masks)
         g = torch.autograd.grad(total, list(leaves.values()))
         return dict(zip(leaves, g, strict=True)), loss
 
@@ -256,7 +277,8 @@ def grad_fn(
         yb: Tensor,
         wb: Tensor | None,
     ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
-        grads, loss = raw(live, frozen, xb, yb, wb)
+        masks, frozen = dropout.split(frozen)  # the step's dropout masks ride in frozen
+        grads, loss = raw(live, frozen, xb, yb, wb, masks)
         if program.grad_hook is not None:
             grads = program.grad_hook({**frozen, **live}, grads)
         aux_grads = {k: grads.pop(k) for k in aux_keys}

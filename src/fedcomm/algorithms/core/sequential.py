@@ -18,8 +18,16 @@ from torch import Tensor, nn
 from torch.nn.utils.stateless import _reparametrize_module
 
 from fedcomm.algorithms.core.context import ClientContext, ClientData, ClientResult
-from fedcomm.algorithms.core.jobs import ClientJob, JobResult, LocalJob, apply_update, grad_fn
+from fedcomm.algorithms.core.jobs import (
+    ClientJob,
+    JobResult,
+    LocalJob,
+    apply_update,
+    grad_fn,
+    with_dropout,
+)
 from fedcomm.algorithms.core.sgd import LocalConfig
+from fedcomm.models import dropout
 
 
 def run_job(job: LocalJob, model: nn.Module, cfg: LocalConfig) -> ClientResult:
@@ -61,10 +69,15 @@ def _steps(
     program = job.program
     phase = grad_fn(model, program, cfg, functional=False, bound=bound)
     frozen = job.frozen
+    plan = dropout.sites(model, job.data.x[:1]) if job.dropout is not None else ()
     losses: list[Tensor] = []
     for i, idx in enumerate(job.batches):
         step_frozen = {**frozen, **job.draws()} if job.draws is not None else frozen
-        grads, aux_grads, loss = phase(live, step_frozen, job.data.x[idx], job.data.y[idx], None)
+        xb = job.data.x[idx]
+        masks = _masks(plan, len(idx), job.dropout, xb.device)
+        grads, aux_grads, loss = phase(
+            live, {**step_frozen, **masks} if masks else step_frozen, xb, job.data.y[idx], None
+        )
         losses.append(loss)
         if program.skip_loss is None or float(loss) < program.skip_loss:
             before = (
@@ -83,6 +96,15 @@ def _steps(
                 frozen = {**frozen, **updates[1]}
     mean = float(torch.stack(losses).mean()) if losses else float("nan")
     return JobResult(live, frozen, bufs, mean, len(losses))
+
+
+def _masks(
+    plan: tuple[dropout.Site, ...], rows: int, gen: torch.Generator | None, device: torch.device
+) -> dict[str, Tensor]:
+    """A step's dropout masks from the job's stream, on ``device`` (none without a plan)."""
+    if not plan or gen is None:
+        return {}
+    return {k: v.to(device) for k, v in dropout.draw(plan, rows, gen).items()}
 
 
 @torch.no_grad()
@@ -105,6 +127,7 @@ def job_client_update(
     def client_update(
         down: Mapping[str, Tensor], cstate: Any, data: ClientData, ctx: ClientContext
     ) -> ClientResult:
-        return run_job(client_job(down, cstate, data, ctx), ctx.model, ctx.local)
+        job = with_dropout(client_job(down, cstate, data, ctx), ctx)
+        return run_job(job, ctx.model, ctx.local)
 
     return client_update

@@ -41,6 +41,7 @@ from torch.func import functional_call
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientData
+from fedcomm.models import dropout
 from fedcomm.models.groups import GroupSpec, expand_mask, rows
 from fedcomm.types import ParamDict
 
@@ -209,7 +210,8 @@ def local_data_loss(
     total, terms = 0.0, 0
     for start in range(0, data.num_examples, chunk):
         x, y = data.x[start : start + chunk], data.y[start : start + chunk]
-        logits = functional_call(model, theta, (x,))
+        with dropout.disabled(model):  # a measurement: the whole network, no draw
+            logits = functional_call(model, theta, (x,))
         total += float(_local.cross_entropy(logits, y)) * y.numel()
         terms += y.numel()
     return total / max(1, terms)

@@ -25,6 +25,7 @@ from fedcomm.algorithms.core.reuse import Reused
 from fedcomm.algorithms.sparse import churn
 from fedcomm.algorithms.sparse import codec as _codec
 from fedcomm.algorithms.sparse import masks as _masks
+from fedcomm.models import dropout
 from fedcomm.types import ParamDict
 
 MASK = "mask."  # a client's current masks in its job's frozen tensors
@@ -95,7 +96,8 @@ def ce_grads(
 ) -> dict[str, Tensor]:
     """Dense gradient of plain mean CE w.r.t. the ``names`` tensors (masked entries included)."""
     leaves = {k: params[k].detach().requires_grad_(True) for k in names}
-    logits = functional_call(model, {**params, **leaves}, (x,))
+    with dropout.disabled(model):  # a measurement: the whole network, no draw
+        logits = functional_call(model, {**params, **leaves}, (x,))
     grads = torch.autograd.grad(_local.cross_entropy(logits, y), list(leaves.values()))
     return dict(zip(leaves, grads, strict=True))
 
