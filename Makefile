@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv repro reproduce test test-fast lint typecheck check bench bench-backends gpu-check gpu-wheels clean
+.PHONY: help venv repro reproduce test test-fast lint typecheck check bench bench-backends bench-sharding gpu-check gpu-wheels clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ bench: $(STAMP)  ## speed benchmark (FedAvg, MNIST MLP, 1000 clients): s/round a
 
 bench-backends: $(STAMP)  ## backends vs a plain loop vs the FLOP bound (W1 MLP, W2 CNN on MNIST)
 	$(BIN)/python benchmarks/backends.py
+
+bench-sharding: $(STAMP)  ## one run on 1 and 2 processes (torchrun): W1 MLP, W3 CIFAR-10 CNN
+	$(BIN)/python benchmarks/sharding.py --workloads W1 W3 --rounds 8
 
 gpu-check:  ## the GPU check (one script, <= 8 min on one H100): writes gpu_check.json + log to $$OUT or benchmarks/results/
 	bash benchmarks/gpu_check.sh

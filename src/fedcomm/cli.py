@@ -223,19 +223,37 @@ def train(
     seed: Annotated[int, typer.Option(help="seed (usually one of experiment.seeds)")] = 0,
     params: ParamsOpt = Path("params.yaml"),
     resume: Annotated[bool, typer.Option(help="continue from a matching checkpoint")] = True,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="processes to train on (torchrun on this machine; default train.nproc): each "
+            "round's clients split over them, the same numbers as one process",
+        ),
+    ] = None,
 ) -> None:
     """Train one algorithm run with one seed (writes runs/<run>-s<seed>/). Ctrl-C stops it with
     one line naming the round and the checkpoint kept; the same command resumes from there."""
+    from fedcomm.simulation import shard
     from fedcomm.stages.train import train_stage
 
     p = _load(params)
+    n, world = nproc if nproc is not None else p.train.nproc, shard.world_size()
+    if world > 1 and nproc is not None and nproc != world:
+        typer.echo(f"error: --nproc {nproc}, but torchrun started {world} processes", err=True)
+        raise typer.Exit(2)
+    if n > 1 and world == 1:  # this process starts torchrun, which runs this command n times
+        resumed = "--resume" if resume else "--no-resume"
+        args = ["train", "--run", run, "--seed", str(seed), "--params", str(params), resumed]
+        raise typer.Exit(shard.torchrun(n, args))
     with user_errors():
         try:
             out = train_stage(p, run, seed, resume=resume)
         except Interrupted as err:  # once the checkpoint was read: what a rerun resumes from
             stopping()
             _stop(str(err))
-    typer.echo(f"wrote {out}")
+    if shard.world_size() == 1 or os.environ.get("RANK") == "0":
+        typer.echo(f"wrote {out}")
 
 
 @app.command("evaluate")

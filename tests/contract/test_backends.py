@@ -27,6 +27,7 @@ from fedcomm.models import build_model
 from fedcomm.models.vision import MLP
 from fedcomm.simulation import loop
 from fedcomm.simulation.data import ClientData, FederatedTensors
+from fedcomm.simulation.shard import Shard
 from tests.conftest import digits_federation
 
 ALL = sorted(CONFIGS)
@@ -66,6 +67,7 @@ def _run(
     compressor: str = "none",
     rounds: int = 3,
     model: nn.Module | None = None,
+    sharded: Shard | None = None,
     **overrides: Any,
 ) -> loop.RunResult:
     cfg = loop.LoopConfig(
@@ -89,6 +91,7 @@ def _run(
         fed,
         build_compressor(compressor),
         config_hash="backends",
+        sharded=sharded,
     )
 
 

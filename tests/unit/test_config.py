@@ -42,6 +42,7 @@ def test_tiny_params_validate() -> None:
     ("override", "fragment"),
     [
         ({"train.local.lr": -1.0}, "train.local.lr: Input should be greater than 0 (got -1.0)"),
+        ({"train.nproc": 0}, "train.nproc: Input should be greater than or equal to 1 (got 0)"),
         ({"train.rounds": 0}, "train.rounds"),
         ({"train.lr": 0.1}, "train.lr: Extra inputs are not permitted (got 0.1; allowed keys: "),
         (

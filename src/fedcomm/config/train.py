@@ -44,6 +44,14 @@ class TrainConfig(Strict):
         "(cuda if available, else cpu), cpu, cuda, cuda:N or mps; a device this machine lacks "
         "is an error before any work",
     )
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="processes one run trains on (torchrun, one per GPU on CUDA): each round's "
+        "clients are split over them and gathered, rank 0 evaluates and writes; the same "
+        "numbers as one process (bit for bit on the sequential backend, see docs/speed.md), so "
+        "it is not part of the run's identity and a checkpoint resumes with any number",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32",
         description="local training's forward and backward: fp32, or autocast to bf16/fp16 "

@@ -11,7 +11,9 @@
 Both yield one :class:`Turn` per client in cohort order; the loop then encodes, accounts and
 evaluates exactly as before, so ledgers, generators' streams and metrics line up. An algorithm
 without ``client_job`` (or a model whose step cannot be vmapped) runs sequentially on the
-vectorized backend, and the run's log says so once, with the reason.
+vectorized backend, and the run's log says so once, with the reason. Under ``torchrun``
+(:mod:`fedcomm.simulation.shard`) each rank trains its share of the cohort on the backend and the
+turns of every rank are gathered, so the loop sees the whole cohort, in order, as in one process.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -35,7 +37,7 @@ from fedcomm.comm.payload import Payload
 from fedcomm.models import dropout
 from fedcomm.models.lstm import unrolled
 from fedcomm.seeding import Stream, torch_generator
-from fedcomm.simulation import allocator, auto_backend, device, vectorized
+from fedcomm.simulation import allocator, auto_backend, device, shard, vectorized
 from fedcomm.simulation.data import FederatedTensors
 
 log = logging.getLogger("fedcomm.backend")
@@ -73,11 +75,13 @@ class Backend:
         chunk_size: int | str,
         *,
         precision: str = "fp32",
+        sharded: shard.Shard | None = None,
     ) -> None:
         if name not in BACKENDS:
             raise ValueError(f"train.backend: {name!r} is not one of {list(BACKENDS)}")
         self.device = next(model.parameters()).device
         self.requested = name
+        self.shard = sharded  # under torchrun: this rank trains its share of each cohort
         name = auto_backend.resolve(name, model, self.device)  # "auto": the rule's choice
         self.name = name
         self.precision = precision
@@ -105,9 +109,14 @@ class Backend:
         def autocast() -> AbstractContextManager[None]:  # (never held across a yield)
             return device.precision(self.device, self.precision)
 
-        if self.effective == "sequential":
-            return _sequential(r, self.threads, autocast)
-        return _vectorized(r, self.chunk_size, autocast, self.chunk_sizes)
+        def local(r: RoundInputs) -> Iterator[Turn]:
+            if self.effective == "sequential":
+                return _sequential(r, self.threads, autocast)
+            return _vectorized(r, self.chunk_size, autocast, self.chunk_sizes)
+
+        if self.shard is None:
+            return local(r)
+        return _sharded(r, self.shard, local)
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,39 @@ def _vectorized(
         result = job.finish(res)
         seconds = prep_s + share + time.perf_counter() - t0
         yield Turn(cid, down, decoded, cctx.generator, result, seconds)
+
+
+def _sharded(
+    r: RoundInputs, rank: shard.Shard, local: Callable[[RoundInputs], Iterator[Turn]]
+) -> Iterator[Turn]:
+    """This rank's share of the cohort trained by ``local``, then every rank's turns gathered
+    and yielded in cohort order. What travels: each client's result and its generator's state
+    to every rank, its local model (for local evaluation) to rank 0 only; each rank rebuilds a
+    remote client's downlink itself (the broadcast is a function of the server state)."""
+    shares = shard.assign([r.data.train[c].num_examples for c in r.cohort], rank.world)
+    turns = list(local(replace(r, cohort=[r.cohort[i] for i in shares[rank.rank]])))
+    mine = [
+        (t.client_id, t.generator.get_state(), replace(t.result, local_params={}), t.seconds)
+        for t in turns
+    ]
+    everyone = shard.gather(rank, mine, r.model_device)
+    models = shard.gather(
+        rank, [t.result.local_params for t in turns], r.model_device, to_all=False
+    )
+    assert everyone is not None
+    own = {t.client_id: t for t in turns}
+    ordered = shard.in_order(shares, everyone)
+    params = shard.in_order(shares, models) if models is not None else None
+    for cid, state, result, seconds in ordered:
+        local_params = next(params) if params is not None else {}
+        if cid in own:
+            yield own[cid]
+            continue
+        _, down, _ = r.start(cid)
+        gen = torch.Generator()
+        gen.set_state(state)
+        result = replace(result, local_params=local_params)
+        yield Turn(cid, down, down.decode(), gen, result, seconds)
 
 
 def unbatched_reason(

@@ -49,7 +49,7 @@ from fedcomm.comm.ledger import Ledger
 from fedcomm.errors import Interrupted, interrupts_deferred, stopping
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
-from fedcomm.simulation import checkpoint, device, local_eval, timed
+from fedcomm.simulation import checkpoint, device, local_eval, shard, timed
 from fedcomm.simulation.backends import Backend
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.divergence import DivergenceError
@@ -66,6 +66,7 @@ from fedcomm.system.config import SystemConfig
 from fedcomm.types import ParamDict
 
 CRASH_ENV = "FEDCOMM_KILL_AFTER_ROUND"  # test hook: SIGKILL this process after that round
+CRASH_RANK_ENV = "FEDCOMM_KILL_RANK"  # with it: only torchrun's process of that rank
 
 
 class Tracker(Protocol):
@@ -138,8 +139,13 @@ def run(
     tracker: Tracker | None = None,
     resume: bool = True,
     progress: Callable[[int, Mapping[str, float | None]], None] | None = None,
+    sharded: shard.Shard | None = None,
 ) -> RunResult:
     """Train ``algorithm`` for ``cfg.rounds`` rounds; resume from ``checkpoint_path`` if valid.
+
+    ``sharded``: this process is one rank of a ``torchrun`` job (:mod:`.shard`): it trains its
+    share of each cohort and gets the others' clients; only rank 0 evaluates and saves
+    checkpoints (every rank reads the one on disk first), and on CUDA each rank takes its own GPU.
 
     ``model`` provides the structure and the initial parameters (already seeded by the caller);
     an algorithm with ``prepare_model`` (ProgFed) wraps it first. The model and ``data`` move to
@@ -151,13 +157,15 @@ def run(
     checkpoint on disk; a checkpoint being saved is finished first.
     """
     dev = device.resolve(cfg.device)
+    if sharded is not None:
+        dev = sharded.device(dev)
     mark = _Mark()
     with device.run_on(dev):
         try:
             return _run(
                 cfg, algorithm, model.to(dev), data.to(dev), compressor, dev, mark,
                 config_hash=config_hash, checkpoint_path=checkpoint_path, tracker=tracker,
-                resume=resume, progress=progress,
+                resume=resume, progress=progress, sharded=sharded,
             )  # fmt: skip
         except KeyboardInterrupt:
             stopping()
@@ -180,10 +188,15 @@ def _run(
     tracker: Tracker | None,
     resume: bool,
     progress: Callable[[int, Mapping[str, float | None]], None] | None,
+    sharded: shard.Shard | None = None,
 ) -> RunResult:
     if algorithm.prepare_model is not None:
         model = algorithm.prepare_model(model, cfg.seed).to(dev)
     state = _start(cfg, algorithm, model, data, dev, mark, config_hash, checkpoint_path, resume)
+    shard.barrier(sharded)  # every rank has read the checkpoint before rank 0 writes one
+    writes = sharded is None or sharded.writes
+    if not writes:  # (rank 0 logs, shows and saves)
+        checkpoint_path, tracker, progress = None, None, None
     resumed_from = mark.at - 1
     if tracker is not None and state.run_id is None:
         state.run_id = tracker.run_id
@@ -191,11 +204,12 @@ def _run(
         _save(state, checkpoint_path, mark)
     ledger = Ledger(list(state.ledger_rows))
     backend = Backend(
-        cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size, precision=cfg.precision
-    )
+        cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size, precision=cfg.precision,
+        sharded=sharded,
+    )  # fmt: skip
     parts = RunParts(
         algorithm, model, data, compressor, backend, cfg.local, cfg.seed, cfg.eval_batch_size,
-        cfg.on_divergence, cfg.divergence_loss, dense_numel(model),
+        cfg.on_divergence, cfg.divergence_loss, dense_numel(model), evaluates=writes,
     )  # fmt: skip
     sim = (
         None
@@ -266,7 +280,8 @@ def _close_round(
         progress(round_, metrics)
     if checkpoint_path is not None and round_ % cfg.checkpoint_every == 0 and round_ < cfg.rounds:
         _save(state, checkpoint_path, mark)
-    if os.environ.get(CRASH_ENV) == str(round_):
+    rank = os.environ.get("RANK", "0")
+    if os.environ.get(CRASH_ENV) == str(round_) and os.environ.get(CRASH_RANK_ENV, rank) == rank:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -326,7 +341,7 @@ def _play_round(
         metrics.update(timed.round_metrics(settled, len(cohort), online, start_s))
     if rnd.skipped:
         metrics["train/diverged_clients"] = float(len(rnd.skipped))
-    if local_due:  # 5. local accuracy
+    if local_due and parts.evaluates:  # 5. local accuracy
         local_eval.evaluate_pending(state, parts.model, parts.data, cfg.eval_batch_size)
         metrics.update(local_eval.local_metrics(state.clients, parts.data.num_clients))
     metrics.update(aggregate_client_metrics(rnd.client_metrics))
@@ -365,7 +380,7 @@ def _model_metrics(
     dens = density(params)
     metrics["model/density"] = dens
     metrics["model/sparsity"] = 1.0 - dens
-    if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
+    if parts.evaluates and (round_ % cfg.eval_every == 0 or round_ == cfg.rounds):
         members = split_members(params)
         batch = cfg.eval_batch_size
         g = evaluate_global(parts.model, members, parts.data, batch_size=batch, topk=(cfg.topk,))

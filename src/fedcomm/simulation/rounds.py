@@ -57,6 +57,7 @@ class RunParts:
     on_divergence: str  # "stop" | "skip"
     divergence_loss: float
     numel: int  # the dense model's parameters (without ProgFed's temporary heads)
+    evaluates: bool = True  # False on torchrun's ranks other than 0: no local or global eval
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,13 @@ class Round:
         when local evaluation is due (the result returned); else the upload is kept until it
         is, its last result reused meanwhile (this upload's row: filled in then)."""
         cid, run = turn.client_id, self.run
+        if not run.evaluates:  # (another rank evaluates and writes: only the state is kept)
+            self.state.clients[cid] = ClientRecord(
+                turn.result.state,
+                comp_state,
+                *(local_eval.last_result(self.state.clients.get(cid))),
+            )
+            return (None, None, None)
         if self.local_due:
             local = local_eval.evaluate_upload(
                 run.model, uploaded, run.data, cid, run.eval_batch_size

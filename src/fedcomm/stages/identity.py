@@ -31,7 +31,8 @@ def resolved_run_config(params: Params, run: str, seed: int, phash: str) -> dict
         "partition": params.partition.model_dump(mode="json"),
         "partition_hash": phash,
         "model": params.model.model_dump(mode="json"),
-        "train": params.train.model_dump(mode="json"),
+        # (the processes a run trains on do not change its numbers: docs/speed.md)
+        "train": params.train.model_dump(mode="json", exclude={"nproc"}),
     }
 
 

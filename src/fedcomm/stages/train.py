@@ -23,7 +23,7 @@ from fedcomm.data.datasets.registry import resolve_root
 from fedcomm.errors import Interrupted, interrupts_deferred, stopping
 from fedcomm.models import build_seeded_model
 from fedcomm.simulation import checkpoint as ckpt_mod
-from fedcomm.simulation import loop
+from fedcomm.simulation import loop, shard
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.device import resolve as resolve_device
 from fedcomm.simulation.progress import round_progress
@@ -91,7 +91,37 @@ def train_stage(
     being trained, the checkpoint's round) and marks the MLflow run ``KILLED``; the MLflow run
     and the file naming it beside the checkpoint, and the run's set of outputs, are written
     whole before it takes effect.
+
+    Under ``torchrun`` (``train.nproc`` > 1, :mod:`fedcomm.simulation.shard`) every process
+    calls this; rank 0 does all of the above, the other ranks train their share of each round
+    and write nothing.
     """
+    sharded = shard.start(resolve_device(params.train.device))  # under torchrun: this rank
+    try:
+        return _train_stage(
+            params, run, seed, paths, sharded, resume=resume, show_progress=show_progress,
+            parent_run_id=parent_run_id, tags=tags, on_round=on_round, on_open=on_open,
+            mlflow_run_name=mlflow_run_name,
+        )  # fmt: skip
+    finally:
+        shard.finish(sharded)
+
+
+def _train_stage(
+    params: Params,
+    run: str,
+    seed: int,
+    paths: Paths,
+    sharded: shard.Shard | None,
+    *,
+    resume: bool,
+    show_progress: bool | None,
+    parent_run_id: str | None,
+    tags: Mapping[str, str] | None,
+    on_round: RoundCallback | None,
+    on_open: Callable[[str], None] | None,
+    mlflow_run_name: str | None,
+) -> Path:
     if seed < 0:
         raise ConfigError(f"seed: must be >= 0 (got {seed})")
     data, phash = load_federated(params, paths)
@@ -102,6 +132,12 @@ def train_stage(
     name = run_name(run, seed)
     ckpt = paths.checkpoints / name / "state.pt"
     previous = ckpt_mod.load(ckpt, chash) if resume else None  # warns once if unreadable
+    if sharded is not None and not sharded.writes:  # rank 0 tracks, shows and writes
+        loop.run(
+            loop_config(params, seed, run), algorithm, model, data, compressor,
+            config_hash=chash, checkpoint_path=ckpt, resume=previous is not None, sharded=sharded,
+        )  # fmt: skip
+        return paths.train_dir(run, seed)
     kept = previous.round_ if previous is not None else 0  # the checkpoint's round
     sidecar = ckpt.parent / RUN_ID_FILE  # the MLflow run of the last process that trained here
     if previous is None and params.tracking.enabled and sidecar.is_file():
@@ -149,6 +185,7 @@ def train_stage(
                 tracker=tracker,
                 resume=previous is not None,  # (loaded above: an unreadable one warns once)
                 progress=progress,
+                sharded=sharded,
             )
         # the backend that ran the clients (vectorized may fall back to sequential, logged)
         tracker.set_tags({"fedcomm.backend": result.backend})
