@@ -443,19 +443,59 @@ def sweep(
     out: Annotated[
         Path | None, typer.Option(help="output folder (default reports/sweep/<study>)")
     ] = None,
+    launcher: Annotated[
+        str,
+        typer.Option(
+            help="local: trials in this process (start more workers to parallelise); "
+            "submitit: each missing trial a job-array task (Slurm, or processes here)"
+        ),
+    ] = "local",
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="submitit: slurm, local or debug (default: slurm where sbatch exists)"),
+    ] = None,
+    parallel: Annotated[int, typer.Option(help="submitit: tasks running at once")] = 4,
+    timeout_min: Annotated[int, typer.Option(help="submitit: a task's time limit, minutes")] = 60,
+    partition: Annotated[str | None, typer.Option(help="submitit: Slurm partition")] = None,
+    cpus_per_task: Annotated[int, typer.Option(help="submitit: CPUs a task")] = 1,
+    gpus_per_task: Annotated[int, typer.Option(help="submitit: GPUs a task")] = 0,
+    mem_gb: Annotated[float | None, typer.Option(help="submitit: memory a task, GB")] = None,
+    slurm: Annotated[
+        list[str] | None,
+        typer.Option(help="submitit: any other Slurm setting as KEY=VALUE (e.g. account=lab)"),
+    ] = None,
 ) -> None:
     """Run (or continue, or join as one more worker) an Optuna study over a search space."""
     from fedcomm.sweep.study import SweepFailed, run_sweep
 
     with user_errors():
         try:
-            result = run_sweep(space, trials=trials, reports=out)
+            if launcher == "submitit":
+                from fedcomm.sweep.launcher import Cluster, launch
+
+                extra = dict(_key_value("--slurm", kv) for kv in slurm or [])
+                where = Cluster(
+                    cluster, None, parallel, timeout_min, partition, cpus_per_task,
+                    gpus_per_task, mem_gb, extra,
+                )  # fmt: skip
+                result = launch(space, where, trials=trials, reports=out)
+            elif launcher == "local":
+                result = run_sweep(space, trials=trials, reports=out)
+            else:
+                raise InputError(f"--launcher: {launcher!r} is not one of ['local', 'submitit']")
         except SweepFailed as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(1) from None
     typer.echo(f"study {result.study}: {result.finished} finished, {result.failed} failed trial(s)")
     for path in result.outputs:
         typer.echo(f"wrote {path}")
+
+
+def _key_value(option: str, text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InputError(f"{option}: {text!r} is not KEY=VALUE")
+    return key, value
 
 
 @app.command("sweep-args")

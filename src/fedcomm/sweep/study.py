@@ -161,22 +161,37 @@ def make_objective(
     return objective
 
 
-def run_sweep(
+@dataclass
+class OpenStudy:
+    """A worker's handle on its study, from :func:`open_sweep` to :func:`close_sweep`."""
+
+    sweep: Sweep
+    study: optuna.Study
+    target: int  # finished trials to reach
+    parent: str | None  # the study's MLflow run
+    uri: str | None  # the tracking URI
+    lock: Path | None  # the journal's recovery lock (None on an RDB)
+    objective: Any
+    max_failures: int
+    out_dir: Path
+    last_k: int
+    failed_before: int = 0
+
+    def recover(self) -> tuple[int, int]:
+        """Trials dead workers left RUNNING failed and re-queued; then (finished, failed)."""
+        recover_stale(self.study, self.lock, self.uri)
+        return counts(self.study)
+
+
+def open_sweep(
     space: Path,
     *,
     trials: int | None = None,
     root: Path | None = None,
     reports: Path | None = None,
-) -> SweepResult:
-    """Run this worker's share of the study in ``space``; write the outputs; return counts.
-
-    Args:
-        space: the search-space YAML.
-        trials: overrides the space's ``trials`` (e.g. to extend a finished study).
-        root: the project directory (base params, ``.optuna/``, ``.fedcomm/``); default the
-            project root (``$FEDCOMM_PROJECT_ROOT`` or the working directory).
-        reports: where outputs go; default ``<root>/reports/sweep/<study>``.
-    """
+) -> OpenStudy:
+    """Create or join the study of ``space`` (its storage, its MLflow parent run, the check that
+    it was started from this space), ready for trials."""
     root = root or project_root()
     sweep, base_raw = load_sweep(space, root)
     target = trials if trials is not None else sweep.trials
@@ -202,31 +217,75 @@ def run_sweep(
     if not isinstance(storage, RDBStorage):
         lock = journal_path(sweep.storage, study_name, root).with_suffix(".recover.lock")
     sweep_dir = root / ".fedcomm" / "sweeps" / study_name
-    objective = make_objective(sweep, base_raw, sweep_dir, parent)
-    max_failures = sweep.max_failures or max(3, target)
-    out_dir = reports or root / "reports" / "sweep" / study_name
-    status, written = "FAILED", []
-    finished = failed = 0
+    return OpenStudy(
+        sweep, study, target, parent, uri, lock,
+        make_objective(sweep, base_raw, sweep_dir, parent),
+        sweep.max_failures or max(3, target),
+        reports or root / "reports" / "sweep" / study_name,
+        base.evaluate.last_k,
+    )  # fmt: skip
+
+
+def close_sweep(handle: OpenStudy, status: str) -> SweepResult:
+    """The end of a worker: with ``status`` ``FINISHED`` the study's outputs written (also on
+    its parent run); the parent run ends with ``status`` unless another worker still runs a
+    trial; the counts. Raises :class:`SweepFailed` when fewer than the target finished."""
+    finished, failed = counts(handle.study)
+    written: list[Path] = []
     try:
-        recover_stale(study, lock, uri)
-        finished, failed_before = counts(study)
-        failed = failed_before
-        while finished < target and failed - failed_before < max_failures:
-            study.optimize(objective, n_trials=1, catch=(Exception,))
-            recover_stale(study, lock, uri)
-            finished, failed = counts(study)
-        written = outputs.write_outputs(study, sweep, out_dir, last_k=base.evaluate.last_k)
-        if finished < target:
-            raise SweepFailed(
-                f"study {study_name!r}: {failed - failed_before} trials failed in this run "
-                f"(max_failures={max_failures}); their errors are in the `error` column of "
-                f"{out_dir / 'trials.parquet'}"
+        if status == "FINISHED":
+            written = outputs.write_outputs(
+                handle.study, handle.sweep, handle.out_dir, last_k=handle.last_k
             )
+        if status == "FINISHED" and finished < handle.target:
+            status = "FAILED"
+            raise SweepFailed(
+                f"study {handle.study.study_name!r}: {failed - handle.failed_before} trials "
+                f"failed in this run (max_failures={handle.max_failures}); their errors are in "
+                f"the `error` column of {handle.out_dir / 'trials.parquet'}"
+            )
+    finally:
+        if handle.parent is not None:
+            outputs.log_to_parent(
+                handle.uri, handle.parent, handle.study, handle.sweep, status, written
+            )
+    return SweepResult(handle.study.study_name, finished, failed, written)
+
+
+def run_sweep(
+    space: Path,
+    *,
+    trials: int | None = None,
+    root: Path | None = None,
+    reports: Path | None = None,
+) -> SweepResult:
+    """Run this worker's share of the study in ``space``; write the outputs; return counts.
+
+    Args:
+        space: the search-space YAML.
+        trials: overrides the space's ``trials`` (e.g. to extend a finished study).
+        root: the project directory (base params, ``.optuna/``, ``.fedcomm/``); default the
+            project root (``$FEDCOMM_PROJECT_ROOT`` or the working directory).
+        reports: where outputs go; default ``<root>/reports/sweep/<study>``.
+    """
+    handle = open_sweep(space, trials=trials, root=root, reports=reports)
+    status = "FAILED"
+    try:
+        finished, handle.failed_before = handle.recover()
+        failed = handle.failed_before
+        while finished < handle.target and failed - handle.failed_before < handle.max_failures:
+            one_trial(handle)
+            finished, failed = handle.recover()
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
     finally:
-        if parent is not None:
-            outputs.log_to_parent(uri, parent, study, sweep, status, written)
-    return SweepResult(study_name, finished, failed, written)
+        if status != "FINISHED":  # (an error or Ctrl-C: the outputs so far, the run ended)
+            close_sweep(handle, status)
+    return close_sweep(handle, status)
+
+
+def one_trial(handle: OpenStudy) -> None:
+    """One trial of the study in this process (a trial that raises is recorded FAIL)."""
+    handle.study.optimize(handle.objective, n_trials=1, catch=(Exception,))
