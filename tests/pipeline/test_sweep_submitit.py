@@ -74,25 +74,22 @@ def test_trials_run_as_array_tasks_on_postgresql(project: Path, data_root: Path)
             assert (report / "trials.parquet").is_file() and (report / "best_params.yaml").is_file()
 
 
-def test_a_killed_task_is_retried_from_its_checkpoint(project: Path, data_root: Path) -> None:
-    """Tasks die after round 2 of a trial (journal storage, this host). The launcher fails the
-    dead trial and re-queues it; the next array's task resumes it from its round-2 checkpoint
-    (it trains round 3 only, so it is not killed) and the study completes."""
-    space = setup(project, "dead", trials=1, max_failures=3)
-    out = _sweep(project, space, "--parallel", "1", env={"FEDCOMM_KILL_AFTER_ROUND": "2"})
+def test_a_killed_task_stops_the_launcher_and_its_trial_resumes(
+    project: Path, data_root: Path
+) -> None:
+    """A task dies after round 2 of 3 (journal storage, this host): with max_failures 1 the
+    launcher fails the dead trial, re-queues it and stops with the error line; launched again
+    (the kill off), the next task resumes the re-queued trial from its round-2 checkpoint and the
+    study completes."""
+    space = setup(project, "dead", trials=1, max_failures=1)
+    out = _sweep(project, space, env={"FEDCOMM_KILL_AFTER_ROUND": "2"})
+    assert out.startswith("1\n"), out[-3000:]
+    assert "error: study 'dead': 1 trials failed in this run (max_failures=1)" in out
+    assert [t.state.name for t in load(project, "dead").get_trials()] == ["FAIL", "WAITING"]
+    assert (project / "reports" / "sweep" / "dead" / "trials.parquet").is_file()
+    out = _sweep(project, space)  # the kill off
     assert out.startswith("0\n"), out[-3000:]
     assert "study dead: 1 finished, 1 failed" in out
     trials = load(project, "dead").get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
     assert trials[1].user_attrs["retry_of"] == 0 and trials[1].params == trials[0].params
-    assert len(list((project / ".fedcomm" / "submitit" / "dead").glob("*_submitted.pkl"))) == 2
-
-
-def test_the_launcher_stops_at_max_failures(project: Path, data_root: Path) -> None:
-    space = setup(project, "stop", trials=1, max_failures=1)
-    out = _sweep(project, space, env={"FEDCOMM_KILL_AFTER_ROUND": "2"})
-    assert out.startswith("1\n"), out[-3000:]
-    assert "error: study 'stop': 1 trials failed in this run (max_failures=1)" in out
-    # the dead trial is re-queued: the next launch (or worker) resumes it from its checkpoint
-    assert [t.state.name for t in load(project, "stop").get_trials()] == ["FAIL", "WAITING"]
-    assert (project / "reports" / "sweep" / "stop" / "trials.parquet").is_file()
