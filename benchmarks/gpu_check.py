@@ -105,6 +105,11 @@ CHECK_OVERRIDES: dict[str, dict[str, Any]] = {
         "algorithms.prunefl.initial_rounds": 20,
     },
 }
+# runs the check adds to a profile: new run -> (the profile's run it copies, keys it changes)
+CHECK_VARIANTS: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+    # FedBIAD's weight noise computed on the device (Philox), against its CPU generator's draws
+    "fedbiad_ptb": {"fedbiad_counter_noise": ("fedbiad", {"noise": "counter"})},
+}
 PROFILES = ("fedsparse_cifar10", "feddst_cifar10", "fedbiad_ptb", "progfed_cifar100")
 TEST_IMAGES = 10_000  # W1-W3 and pfl: the official test set's size
 PTB_TOKENS = (887_521, 70_390, 78_669)  # Mikolov's train / valid / test (../shared/data)
@@ -674,6 +679,10 @@ def profile_params(name: str, small: bool) -> Params:
         for p in parents:
             node = node[p]
         node[leaf] = value
+    for run, (base, keys) in CHECK_VARIANTS.get(name, {}).items():
+        if base in raw["experiment"]["runs"]:
+            raw["algorithms"][run] = {**raw["algorithms"][base], **keys}
+            raw["experiment"]["runs"] = [*raw["experiment"]["runs"], run]
     return validate_params(raw, f"pipeline/reproductions/{name}.yaml")
 
 

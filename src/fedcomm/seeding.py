@@ -26,6 +26,7 @@ class Stream(IntEnum):
     ALGORITHM = 8  # algorithm-internal randomness both sides can replay (e.g. dropout masks)
     SYSTEM = 9  # the system section's simulated clients: links, speeds, who is online, the cohort
     DROPOUT = 10  # a client's dropout masks in a round (jobs' nn.Dropout layers, both backends)
+    NOISE = 11  # counter-based per-step noise drawn on the device (fedcomm.philox; FedBIAD's)
 
 
 def seed_sequence(seed: int, stream: Stream, *keys: int) -> np.random.SeedSequence:

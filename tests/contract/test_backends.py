@@ -208,6 +208,18 @@ def test_dropout_models_batch_and_match_sequential(name: str, fed: FederatedTens
     _assert_close(seq, vec)
 
 
+def test_fedbiad_counter_noise_batches_and_matches_sequential(fed: FederatedTensors) -> None:
+    """``noise: counter``: each step's ε computed where the tensors live from (client key, step,
+    parameter), no generator: the same draws on both backends, and other draws than the
+    generator's (the option changes the run)."""
+    seq = _run("fedbiad", fed, "sequential", local=LOCALS["momentum"], noise="counter")
+    vec = _run("fedbiad", fed, "vectorized", local=LOCALS["momentum"], noise="counter")
+    assert vec.backend == "vectorized"
+    _assert_close(seq, vec)
+    gen = _run("fedbiad", fed, "sequential", local=LOCALS["momentum"])
+    assert not torch.allclose(gen.final_params["fc1.weight"], seq.final_params["fc1.weight"])
+
+
 def test_channel_dropout_batches_and_matches_sequential(fed: FederatedTensors) -> None:
     runs = {}
     for backend in ("sequential", "vectorized"):

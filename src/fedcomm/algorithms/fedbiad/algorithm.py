@@ -46,6 +46,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from fedcomm import philox
 from fedcomm.algorithms import core
 from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm
 from fedcomm.algorithms.core import jobs as _jobs
@@ -61,6 +62,7 @@ from fedcomm.algorithms.core.grouped import entry_masks
 from fedcomm.algorithms.fedbiad.bayes import (
     KL_COEF,
     S_TILDE,
+    counter_noise,
     kept_scale,
     kl_weight,
     likelihood_terms,
@@ -88,6 +90,7 @@ from fedcomm.algorithms.fedbiad.server import (
 from fedcomm.comm.codecs import encode_dense
 from fedcomm.comm.payload import Payload
 from fedcomm.models.groups import GroupSpec
+from fedcomm.seeding import Stream
 from fedcomm.server_opt import OptState
 from fedcomm.types import ParamDict
 
@@ -144,6 +147,13 @@ class Config(AlgorithmConfig):
         False,
         description="a reading: the kept rows scaled by rows / kept (inverted dropout, "
         "1/(1 − p)) in local training's forward pass and in the client's local model",
+    )
+    noise: Literal["generator", "counter"] = Field(
+        "generator",
+        description="where each step's weight noise ε is drawn: generator (default: the "
+        "client's CPU generator, then copied to the device) or counter (Philox4x32 at (client "
+        "key, step, parameter), computed on the device: no copy; other draws than generator's, "
+        "the same words on every device, normals equal up to the device's last-bit rounding)",
     )
     pattern_scope: Literal["layer", "global"] = "layer"
     B: int = Field(2, ge=2, description="weight bound B of Eq. 13")
@@ -288,6 +298,7 @@ def make(cfg: Config) -> FedAlgorithm[ServerState]:
             if cfg.loss_trend == "data" else None,
         )  # fmt: skip
         metrics = {"fedbiad/s2": s2, "fedbiad/stage": 1.0 if stage_one else 2.0}
+        key = philox.key_of(ctx.seed, Stream.NOISE, ctx.round_, ctx.client_id)  # noise: counter
         return _jobs.new_job(
             program_for(model, freeze),
             u0,
@@ -296,7 +307,9 @@ def make(cfg: Config) -> FedAlgorithm[ServerState]:
             batches,
             partial(client_result, local_mask, specs, u0, data, track, metrics),
             frozen=frozen,
-            draws=partial(weight_noise, params, u0, s_tilde, gen),
+            draws=partial(weight_noise, params, u0, s_tilde, gen)
+            if cfg.noise == "generator"
+            else counter_noise(params, u0, s_tilde, key),
             after_step=check if stage_one else None,  # lines 18-26 (Eqs. 8-9)
             hook_steps=frozenset(range(len(batches))) if stage_one else frozenset(),
         )

@@ -29,8 +29,9 @@ entry mask ``β`` expands to, ``eps.<param>`` the weight noise ``ε``, ``s_tilde
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Protocol
 
@@ -38,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedcomm import philox
 from fedcomm.algorithms.core import jobs as _jobs
 from fedcomm.algorithms.core import local as _local
 from fedcomm.algorithms.core.context import ClientData
@@ -244,3 +246,25 @@ def weight_noise(
             for n, p in params.items()
         }
     return {EPS + n: torch.zeros_like(p) for n, p in params.items()}
+
+
+def counter_noise(
+    params: Mapping[str, Tensor], like: Mapping[str, Tensor], s_tilde: float, key: tuple[int, int]
+) -> Callable[[], ParamDict]:
+    """``draws()`` of ``noise: counter``: step ``t``'s ``eps.<param>`` for the ``i``-th
+    parameter is :func:`fedcomm.philox.normal` at ``(key, t, i)``, drawn where ``like[param]``
+    lives (no host copy; the same words on every device, see :mod:`fedcomm.philox`)."""
+    steps = itertools.count()
+
+    def draw() -> ParamDict:
+        t = next(steps)
+        if s_tilde <= 0:
+            return {EPS + n: torch.zeros_like(like[n]) for n in params}
+        return {
+            EPS + n: philox.normal(p.numel(), key, t, i, device=like[n].device, dtype=p.dtype).view(
+                p.shape
+            )
+            for i, (n, p) in enumerate(params.items())
+        }
+
+    return draw
