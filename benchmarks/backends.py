@@ -201,13 +201,16 @@ def run_library(
     algorithm_name: str = "fedavg",
     dev: torch.device = CPU,
     cpu_s: list[float] | None = None,
+    compile: str = "none",
 ) -> tuple[list[float], float]:
     """``rounds`` rounds of ``loop.run``: each round's wall seconds and the final accuracy;
-    ``cpu_s``, when given, receives each round's process CPU seconds (all threads)."""
+    ``cpu_s``, when given, receives each round's process CPU seconds (all threads);
+    ``compile``: ``train.compile``."""
     local = LocalConfig(epochs=1, batch_size=wl.batch, lr=wl.lr)
     cfg = loop.LoopConfig(
-        rounds, wl.per_round, local, seed, eval_every=1, backend=backend, device=str(dev)
-    )
+        rounds, wl.per_round, local, seed, eval_every=1, backend=backend, device=str(dev),
+        compile=compile,
+    )  # fmt: skip
     config = CONFIGS[algorithm_name]().with_rounds(rounds)  # the algorithm's defaults
     algorithm, compressor = build_algorithm(config), build_compressor("none")
     stamps: list[float] = []

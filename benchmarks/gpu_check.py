@@ -14,7 +14,8 @@ Parts (``--parts``, in this order):
   skip counts and the failures' names;
 - ``backends``: W1, W2 and W3 of ``benchmarks/backends.py`` (MNIST-shaped and CIFAR-10-shaped
   synthetic tensors) on ``--device`` and on this machine's CPU in the same run, each with the
-  vectorized and the sequential backend and the plain PyTorch loop: s/round, peak memory, the
+  vectorized and the sequential backend and the plain PyTorch loop (on the GPU, W1 also with
+  ``train.compile: reduce-overhead``: the batched step as CUDA graphs): s/round, peak memory, the
   sequential / vectorized ratio, the FLOP bound;
 - ``profiles``: the first ``--rounds`` (20) rounds of every run of the paper-scale profiles
   (``pipeline/reproductions/{fedsparse_cifar10,feddst_cifar10,fedbiad_ptb,progfed_cifar100}``),
@@ -556,6 +557,8 @@ def install_digits(path: Path) -> None:
 # --- part 3: W1, W2, W3 on the device and on the CPU ---------------------------------------------
 
 RUNNERS = ("vectorized", "sequential", "plain")
+# on a GPU, W1 (launch-bound) also with train.compile: reduce-overhead (CUDA graphs of the step)
+GPU_RUNNERS = {"W1": ("vectorized-reduce-overhead",)}
 
 
 def workload_data(wl: backends.Workload, seed: int, test_rows: int) -> FederatedTensors:
@@ -597,7 +600,8 @@ def part_backends(
         node: dict[str, Any] = {"workload": dataclasses.asdict(wl), "rounds": rounds, "runs": {}}
         out["workloads"][name] = node
         for d in devices:
-            for runner in RUNNERS:
+            extra = GPU_RUNNERS.get(name, ()) if d.type == "cuda" else ()
+            for runner in (*RUNNERS, *extra):
                 key = f"{d.type}/{runner}"
                 if time.perf_counter() > deadline:
                     node["runs"][key] = {"status": "skipped", "reason": "the part's time is spent"}
@@ -642,8 +646,9 @@ def one_backend_run(
         if runner == "plain":
             round_s, acc = backends.run_plain(wl, data, model, rounds, seed, dev)
         else:
+            backend, _, mode = runner.partition("-")  # vectorized-reduce-overhead: compiled
             round_s, acc = backends.run_library(
-                wl, data, model, rounds, seed, runner, "fedavg", dev
+                wl, data, model, rounds, seed, backend, "fedavg", dev, compile=mode or "none"
             )
     except Exception as err:
         log.error("    failed: %s", traceback.format_exc())

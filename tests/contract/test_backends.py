@@ -68,6 +68,7 @@ def _run(
     rounds: int = 3,
     model: nn.Module | None = None,
     sharded: Shard | None = None,
+    compile: str = "none",
     **overrides: Any,
 ) -> loop.RunResult:
     cfg = loop.LoopConfig(
@@ -77,6 +78,7 @@ def _run(
         seed=11,
         backend=backend,
         chunk_size=3,  # two chunks per round: 3 + 1 clients
+        compile=compile,
     )
     kw = {**OVERRIDES.get(name, {}), **overrides}
     if model is None:
@@ -218,6 +220,33 @@ def test_fedbiad_counter_noise_batches_and_matches_sequential(fed: FederatedTens
     _assert_close(seq, vec)
     gen = _run("fedbiad", fed, "sequential", local=LOCALS["momentum"])
     assert not torch.allclose(gen.final_params["fc1.weight"], seq.final_params["fc1.weight"])
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedbiad", "feddst"])
+def test_a_compiled_batched_step_matches_sequential(name: str, fed: FederatedTensors) -> None:
+    """``train.compile``: the vmapped step through torch.compile (``aot_eager``: the capture
+    and its graphs, with eager kernels, so a CPU test takes seconds; ``inductor`` and CUDA
+    graphs run the same graphs). Padded and unpadded steps, two chunk sizes, hooks, draws."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    seq = _run(name, fed, "sequential", local=LOCALS["momentum"])
+    vec = _run(name, fed, "vectorized", local=LOCALS["momentum"], compile="aot_eager")
+    assert vec.backend == "vectorized"
+    assert counters["stats"]["unique_graphs"] == 4  # (unpadded, padded) x 2 chunk sizes
+    assert not counters["graph_break"]  # the whole step is one graph
+    _assert_close(seq, vec)
+
+
+def test_compile_leaves_dropout_models_uncompiled_and_says_so(
+    fed: FederatedTensors, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="fedcomm.backend"):
+        vec = _run("fedavg", fed, "vectorized", rounds=1, compile="inductor",
+                   model=_dropout_model(fed))  # fmt: skip
+    assert vec.backend == "vectorized"
+    assert any("the batched step runs uncompiled" in r.getMessage() for r in caplog.records)
 
 
 def test_channel_dropout_batches_and_matches_sequential(fed: FederatedTensors) -> None:

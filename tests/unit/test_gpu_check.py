@@ -249,9 +249,13 @@ def test_a_gpu_run_measures_each_workload_on_the_gpu_and_the_cpu(
     res = gpu_check.Result(out, lambda: None)
     gpu_check.part_backends(args, gpu, time.perf_counter() + 600, res)
     assert sorted(out["matmul_gflops"]) == ["cpu", "cuda"]
-    assert {dev for dev, _ in calls} == {"cuda:0", "cpu"} and len(calls) == 3 * 2 * 3
-    for wl in out["workloads"].values():
-        assert sorted(wl["runs"]) == [f"{d}/{r}" for d in ("cpu", "cuda") for r in
-                                      ("plain", "sequential", "vectorized")]  # fmt: skip
+    # 3 workloads x 2 devices x 3 runners, and W1 compiled (CUDA graphs) on the GPU
+    assert {dev for dev, _ in calls} == {"cuda:0", "cpu"} and len(calls) == 3 * 2 * 3 + 1
+    assert ("cuda:0", "vectorized-reduce-overhead") in calls
+    for name, wl in out["workloads"].items():
+        runners = ("plain", "sequential", "vectorized")
+        expected = [f"{d}/{r}" for d in ("cpu", "cuda") for r in runners]
+        compiled = ["cuda/vectorized-reduce-overhead"] if name == "W1" else []
+        assert sorted(wl["runs"]) == sorted(expected + compiled)
         assert wl["cuda/sequential_over_vectorized"] == wl["cpu/sequential_over_vectorized"] == 2
         assert all(run["x_flop_bound"] > 0 for run in wl["runs"].values())

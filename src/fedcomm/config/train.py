@@ -38,6 +38,16 @@ class TrainConfig(Strict):
         description="vectorized: clients per batched computation (bounds memory); auto: as "
         "many as fit in the device's free memory (see docs/speed.md)",
     )
+    compile: Literal[
+        "none", "inductor", "reduce-overhead", "max-autotune", "cudagraphs", "aot_eager"
+    ] = Field(
+        "none",
+        description="vectorized: torch.compile of the batched local step, once per run: none "
+        "(eager), inductor (generated kernels), reduce-overhead (the same as CUDA graphs: one "
+        "launch a step, for launch-bound GPU rounds), max-autotune, cudagraphs (CUDA graphs of "
+        "the eager kernels), aot_eager (traced, eager kernels: a check); the first steps pay "
+        "the compilation (docs/speed.md)",
+    )
     device: str = Field(
         "auto",
         description="where the model, the clients' data, training and evaluation live: auto "

@@ -76,6 +76,7 @@ class Backend:
         *,
         precision: str = "fp32",
         sharded: shard.Shard | None = None,
+        compile: str = "none",
     ) -> None:
         if name not in BACKENDS:
             raise ValueError(f"train.backend: {name!r} is not one of {list(BACKENDS)}")
@@ -87,6 +88,14 @@ class Backend:
         self.precision = precision
         self.chunk_size = chunk_size
         self.chunk_sizes: dict[tuple[Any, ...], int] = {}  # chunk_size auto: kept for the run
+        if compile != "none" and dropout.layers(model):
+            log.warning(
+                "train.compile: %s: the model's dropout layers take their masks by a patched "
+                "forward, which torch.compile does not trace; the batched step runs uncompiled",
+                compile,
+            )
+            compile = "none"
+        self.compiler = vectorized.Compiler(compile)  # train.compile: its graphs kept for the run
         allocator.tune()
         self.fallback: str | None = None
         if name == "vectorized":
@@ -112,7 +121,7 @@ class Backend:
         def local(r: RoundInputs) -> Iterator[Turn]:
             if self.effective == "sequential":
                 return _sequential(r, self.threads, autocast)
-            return _vectorized(r, self.chunk_size, autocast, self.chunk_sizes)
+            return _vectorized(r, self.chunk_size, autocast, self.chunk_sizes, self.compiler)
 
         if self.shard is None:
             return local(r)
@@ -201,7 +210,11 @@ def client_threads(model: nn.Module, data: FederatedTensors, local: LocalConfig)
 
 
 def _vectorized(
-    r: RoundInputs, chunk_size: int | str, autocast: Autocast, sizes: dict[tuple[Any, ...], int]
+    r: RoundInputs,
+    chunk_size: int | str,
+    autocast: Autocast,
+    sizes: dict[tuple[Any, ...], int],
+    compiler: vectorized.Compiler,
 ) -> Iterator[Turn]:
     client_job = r.algorithm.execution.client_job
     assert client_job is not None
@@ -215,7 +228,7 @@ def _vectorized(
     t0 = time.perf_counter()
     with autocast():
         trained = vectorized.train_jobs(
-            [p[4] for p in prepared], r.model, r.local, chunk_size, sizes
+            [p[4] for p in prepared], r.model, r.local, chunk_size, sizes, compiler
         )
     device.synchronize(r.model_device)  # (an asynchronous device's work counts in the share)
     share = (time.perf_counter() - t0) / max(1, len(prepared))

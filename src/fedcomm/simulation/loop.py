@@ -91,6 +91,7 @@ class LoopConfig:
     checkpoint_every: int = 5
     backend: str = "sequential"  # "sequential" | "vectorized" (see simulation.backends)
     chunk_size: int | str = 128  # vectorized: clients trained as one batch at most, or "auto"
+    compile: str = "none"  # vectorized: torch.compile of the batched step (vectorized.Compiler)
     device: str = "auto"  # train.device (see simulation.device)
     precision: str = "fp32"  # train.precision: local training's autocast
     on_divergence: str = "stop"  # "stop" | "skip" a diverged client (see DivergenceError)
@@ -205,7 +206,7 @@ def _run(
     ledger = Ledger(list(state.ledger_rows))
     backend = Backend(
         cfg.backend, algorithm, model, data, cfg.local, cfg.chunk_size, precision=cfg.precision,
-        sharded=sharded,
+        sharded=sharded, compile=cfg.compile,
     )  # fmt: skip
     parts = RunParts(
         algorithm, model, data, compressor, backend, cfg.local, cfg.seed, cfg.eval_batch_size,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -84,6 +85,38 @@ def chunks(jobs: Sequence[int], steps: Sequence[int], chunk_size: int) -> list[l
 
 AUTO_MEMORY_FRACTION = 0.5  # chunk_size auto: the share of the free memory a chunk may fill
 
+# train.compile: torch.compile of the batched gradient phase (none: eager vmap)
+COMPILE_MODES = ("none", "inductor", "reduce-overhead", "max-autotune", "cudagraphs", "aot_eager")
+
+
+class Compiler:
+    """``train.compile``: the vmapped gradient phase through :func:`torch.compile`, built once
+    per (program, padded or not) for the whole run (its graphs kept between chunks and rounds).
+
+    ``inductor``: generated kernels (torch.compile's default); ``reduce-overhead``: the same,
+    replayed as CUDA graphs (one launch a step instead of one a kernel: for launch-bound rounds,
+    W1's on a GPU); ``max-autotune``: with kernel autotuning; ``cudagraphs``: CUDA graphs of
+    the eager kernels; ``aot_eager``: traced, eager kernels (checks the capture; no speed-up).
+    Shapes are static: a new chunk size or batch size traces once more."""
+
+    def __init__(self, how: str = "none") -> None:
+        if how not in COMPILE_MODES:
+            raise ValueError(f"train.compile: {how!r} is not one of {list(COMPILE_MODES)}")
+        self.how = how
+        self.cache: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    def __call__(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Callable[..., Any]:
+        if self.how == "none":
+            return build()
+        if key not in self.cache:
+            if self.how in ("reduce-overhead", "max-autotune"):
+                self.cache[key] = torch.compile(build(), mode=self.how, dynamic=False)
+            elif self.how == "inductor":
+                self.cache[key] = torch.compile(build(), dynamic=False)
+            else:
+                self.cache[key] = torch.compile(build(), backend=self.how, dynamic=False)
+        return self.cache[key]
+
 
 def train_jobs(
     jobs: Sequence[LocalJob],
@@ -91,10 +124,12 @@ def train_jobs(
     cfg: LocalConfig,
     chunk_size: int | str,
     sizes: dict[tuple[Any, ...], int] | None = None,
+    compiler: Compiler | None = None,
 ) -> list[JobResult]:
     """Train every job; results in the order of ``jobs``. ``chunk_size="auto"`` sizes each
     group's chunks with :func:`auto_chunk_size` once and remembers it in ``sizes`` (the
-    caller keeps it for the run, so a run's chunks do not change from round to round)."""
+    caller keeps it for the run, so a run's chunks do not change from round to round);
+    ``compiler`` (kept by the caller for the run) compiles the gradient phase."""
     results: list[JobResult | None] = [None] * len(jobs)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, job in enumerate(jobs):
@@ -111,9 +146,8 @@ def train_jobs(
                     log.info("chunk_size auto: %d clients per chunk", sizes[shape_key])
                 size = sizes[shape_key]
             for chunk in chunks(members, steps, size):
-                for i, res in zip(
-                    chunk, _train_chunk([jobs[i] for i in chunk], model, cfg), strict=True
-                ):
+                trained = _train_chunk([jobs[i] for i in chunk], model, cfg, compiler or Compiler())
+                for i, res in zip(chunk, trained, strict=True):
                     results[i] = res
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
@@ -178,7 +212,9 @@ def _stack(dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
     return {k: torch.stack([d[k] for d in dicts]) for k in dicts[0]} if dicts else {}
 
 
-def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) -> list[JobResult]:
+def _train_chunk(
+    chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig, compiler: Compiler
+) -> list[JobResult]:
     program = chunk[0].program
     C = len(chunk)
     live = _stack([j.live for j in chunk])  # (C, *shape) each
@@ -204,7 +240,11 @@ def _train_chunk(chunk: Sequence[LocalJob], model: nn.Module, cfg: LocalConfig) 
         masks = _dropout_masks(chunk, active, s, xb.shape[1], plan, dev)
         if weighted not in phases:  # (building a vmapped function is cheap: no tracing)
             one: GradFn = grad_fn(model, program, cfg, functional=True)
-            phases[weighted] = torch.func.vmap(one, in_dims=(0, 0, 0, 0, 0 if weighted else None))
+            dims = (0, 0, 0, 0, 0 if weighted else None)
+            phases[weighted] = compiler(  # (the step reads cfg: clipping)
+                (program, weighted, cfg.model_dump_json()),
+                partial(torch.func.vmap, one, in_dims=dims),
+            )
         phase = phases[weighted]
         grads, aux_grads, loss = phase(
             live, {**step_frozen, **masks} if masks else step_frozen, xb, yb, wb

@@ -231,6 +231,7 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         checkpoint_every=t.checkpoint_every,
         backend=t.backend,
         chunk_size=t.chunk_size,
+        compile=t.compile,
         device=t.device,
         precision=t.precision,
         on_divergence=t.on_divergence,
