@@ -29,7 +29,11 @@ Parts (``--parts``, in this order):
   vectorized and the sequential backend and the plain loop, plus the vectorized backend on the
   same CNN without its dropout (what the dropout masks, drawn per client outside the batched
   step, cost); ``vectorized_fallback`` is the library's reason to train it one client at a time
-  (None: it trains batched).
+  (None: it trains batched);
+- ``shard``: one simulation on 1 and on 2 processes (``benchmarks/sharding.py --synthetic``: W1
+  vectorized, W3 sequential, FedAvg; ranks share the one GPU, their exchanges go through host
+  memory): s/round each, the speed-up, the bytes and seconds of the gathers, and whether the
+  final model equals the one-process run's.
 
 Data is synthetic everywhere (no dataset can travel with the check): the speed and the memory
 do not depend on the values, and the accuracies are chance.
@@ -39,7 +43,7 @@ in about a minute, with smaller datasets and cohorts (the models keep their size
 suite runs it (``tests/unit/test_gpu_check.py``).
 
     python benchmarks/gpu_check.py [--device cuda] [--budget-s 420] [--rounds N] [--small]
-                                   [--parts env contract backends profiles pfl] [--out DIR]
+                                   [--parts env contract backends profiles pfl shard] [--out DIR]
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import datetime
 import gc
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import platform
@@ -92,10 +97,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # backends.py, beside 
 import backends
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("env", "contract", "backends", "profiles", "pfl")
+PARTS = ("env", "contract", "backends", "profiles", "pfl", "shard")
 # each part's share of the budget still left when it starts (a part that ends early leaves its
 # time to the later ones); env takes no share (seconds)
-SHARES = {"env": 0.0, "contract": 0.12, "backends": 0.22, "profiles": 0.46, "pfl": 0.20}
+SHARES = {
+    "env": 0.0, "contract": 0.12, "backends": 0.22, "profiles": 0.40, "pfl": 0.16, "shard": 0.10,
+}  # fmt: skip
 MIN_SLICE_S = 3.0  # a part or a run with less time than this is skipped
 MAX_WORKLOAD_ROUNDS = 10  # W1's 20 rounds cut to 10 (the median of 9 steady rounds), W2 5, W3 3
 # profile values the check changes on the GPU too, each with its reason (recorded in the JSON)
@@ -884,6 +891,34 @@ def part_pfl(args: argparse.Namespace, dev: torch.device, deadline: float, res: 
         res.save()
 
 
+# --- part 6: one simulation on 1 and 2 processes ---------------------------------------------
+
+
+def part_shard(args: argparse.Namespace, dev: torch.device, deadline: float, res: Result) -> None:
+    """``benchmarks/sharding.py`` in a subprocess (it starts its own processes), on ``dev``."""
+    out = res.data
+    workloads = ["W1"] if args.small else ["W1", "W3"]
+    rounds = args.rounds or 5
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sharding.json"
+        cmd = [sys.executable, str(REPO / "benchmarks" / "sharding.py"), "--synthetic",
+               "--device", str(dev), "--workloads", *workloads, "--rounds", str(rounds),
+               "--nproc", "2", "--json", str(path)]  # fmt: skip
+        out |= {"command": " ".join(cmd[1:]), "rounds": rounds}
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                                  timeout=max(1.0, deadline - time.perf_counter()))  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("the sharding benchmark ran out of the part's time") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"the sharding benchmark failed: {proc.stderr[-1500:]}")
+        out |= json.loads(path.read_text())
+    for name, runs in out["workloads"].items():
+        one, two = runs["1"], runs["2"]
+        log.info("  shard %s: 1 process %.4f s/round, 2: %.4f (%s)", name,
+                 one["s_per_round"], two["s_per_round"], two["final_model"])  # fmt: skip
+
+
 # --- the driver ---------------------------------------------------------------------------------
 
 PART_FNS: dict[str, Callable[[argparse.Namespace, torch.device, float, Result], None]] = {
@@ -892,6 +927,7 @@ PART_FNS: dict[str, Callable[[argparse.Namespace, torch.device, float, Result], 
     "backends": part_backends,
     "profiles": part_profiles,
     "pfl": part_pfl,
+    "shard": part_shard,
 }
 
 

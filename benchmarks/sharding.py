@@ -14,12 +14,13 @@ split into its parts (client work, server step, the rest: evaluation, encoding, 
 inputs of the projection in ``docs/speed.md``.
 
     python benchmarks/sharding.py [--workloads W1 W3] [--nproc 2] [--rounds 10] [--threads 1]
-                                  [--device cpu] [--json out.json]
+                                  [--device cpu] [--synthetic] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -45,12 +46,15 @@ import backends
 BACKEND = {"W1": "vectorized", "W2": "sequential", "W3": "sequential"}  # auto's choice on a CPU
 
 
-def one_run(name: str, rounds: int, seed: int, dev: str, out: Path) -> None:
+def one_run(name: str, rounds: int, seed: int, dev: str, out: Path, synthetic: bool) -> None:
     """This process's part of a run (any world size); rank 0 (or the only process) writes
     ``out`` (a torch file: per-round seconds and metrics, the final model, the traffic)."""
     sharded = shard.start(device.resolve(dev))
     wl = backends.WORKLOADS[name]
-    data, model, source = backends.start_up(wl, os.environ.get(DATA_ROOT_ENV, ""), seed)
+    root = "" if synthetic else os.environ.get(DATA_ROOT_ENV, "")
+    if synthetic:  # random tensors of the workload's shapes (backends' fallback for CIFAR-10)
+        wl = dataclasses.replace(wl, dataset="synthetic")
+    data, model, source = backends.start_up(wl, root, seed)
     local = LocalConfig(epochs=1, batch_size=wl.batch, lr=wl.lr)
     cfg = loop.LoopConfig(
         rounds, wl.per_round, local, seed, eval_every=1, backend=BACKEND[name], device=dev
@@ -87,6 +91,8 @@ def launch(name: str, nproc: int, args: argparse.Namespace, out: Path) -> float:
 
     worker = [__file__, "--worker", name, "--rounds", str(args.rounds), "--seed", str(args.seed),
               "--device", args.device, "--out", str(out)]  # fmt: skip
+    if args.synthetic:
+        worker.append("--synthetic")
     env = {"OMP_NUM_THREADS": str(args.threads)}
     os.environ.update(env)
     t0 = time.perf_counter()
@@ -132,12 +138,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--synthetic", action="store_true", help="random tensors of the workloads' shapes"
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         torch.set_num_threads(args.threads)
-        one_run(args.worker, args.rounds, args.seed, args.device, args.out)
+        one_run(args.worker, args.rounds, args.seed, args.device, args.out, args.synthetic)
         return
     report: dict[str, Any] = {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

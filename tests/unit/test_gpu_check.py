@@ -61,7 +61,7 @@ VARIANTS = {"fedbiad_ptb": ["fedbiad_counter_noise"]}  # FedBIAD's noise drawn o
 def check_dry_run(report: dict[str, Any], log: str) -> None:
     assert report["finished"] is True
     parts = report["parts"]
-    assert sorted(parts) == sorted(["env", "contract", "backends", "profiles", "pfl"])
+    assert sorted(parts) == sorted(["env", "contract", "backends", "profiles", "pfl", "shard"])
     assert {p: parts[p]["status"] for p in parts} == dict.fromkeys(parts, "ok")
     assert parts["env"]["result"]["device"] == "cpu"
 
@@ -100,6 +100,9 @@ def check_dry_run(report: dict[str, Any], log: str) -> None:
     # the profiles say backend: auto: sequential for conv nets on a CPU (vectorized on a GPU)
     assert profiles["fedsparse_cifar10"]["runs"]["fedsparse_mid"]["backend_ran"] == "sequential"
     assert profiles["feddst_cifar10"]["runs"]["prunefl"]["backend_ran"] == "sequential"
+
+    shard = parts["shard"]["result"]["workloads"]["W1"]  # one simulation on 1 and 2 processes
+    assert shard["2"]["final_model"] == "bit-identical" and shard["2"]["speedup"] > 0
 
     pfl = parts["pfl"]["result"]
     assert sorted(pfl["runs"]) == ["plain", "sequential", "vectorized", "vectorized-no-dropout"]
