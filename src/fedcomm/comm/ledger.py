@@ -48,11 +48,17 @@ class Ledger:
 
     rows: list[Row] = field(default_factory=list)
     _link: Counter[tuple[str, str]] = field(init=False, repr=False)  # (direction, status) -> bits
+    _downlinks: int = field(init=False, repr=False, default=0)  # rounds >= 1: clients sampled
 
     def __post_init__(self) -> None:
         self._link = Counter()
         for row in self.rows:
             self._count(row)
+
+    def downlinks(self) -> int:
+        """Downlink messages of rounds 1 on: every client sampled in every round so far (each
+        gets the round's downlink, over-selected ones included)."""
+        return self._downlinks
 
     def record(
         self,
@@ -98,9 +104,10 @@ class Ledger:
         atomic.write_parquet(path, self.frame())
 
     def _count(self, row: Row) -> int:
-        _round, _client, direction, payload, index, meta, _dense, status, _encoded = row
+        round_, _client, direction, payload, index, meta, _dense, status, _encoded = row
         link = payload + index + meta
         self._link[(direction, status)] += link
+        self._downlinks += direction == "down" and round_ > 0
         return link
 
 

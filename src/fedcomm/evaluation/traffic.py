@@ -109,8 +109,12 @@ def upload_ratios(ledger: pl.DataFrame, dense_model_bits: int) -> pl.DataFrame:
     """Per training round, the dense model's size times the round's uplink messages over what
     they sent.
 
-    ``up_ratio = n_up · dense_model_bits / Σ (payload + index + meta bits)`` over the round's
-    uplink messages (all clients); 5 means clients uploaded 5x less than dense FedAvg would
+    ``up_ratio = Σ dense_model_bits · sent / encoded / Σ sent`` over the round's uplink messages
+    (``sent``: payload + index + meta bits over the link; ``encoded``: the whole encoding): each
+    message stands for the dense model in proportion to the part of its encoding it sent (all of
+    it for an uplink sent whole, none for one not sent, a fraction for one cut mid-way under
+    ``cut_uplink: partial``), so dense FedAvg's ratio is 1; 5 means clients uploaded 5x less than
+    dense FedAvg would
     (FedDST's ~5x at sparsity 0.8, FedBIAD's 1/(1 − p)). Round 0 (a warm start before training,
     e.g. PruneFL's phase one) is left out, and so are rounds that sent nothing up.
 
@@ -122,11 +126,17 @@ def upload_ratios(ledger: pl.DataFrame, dense_model_bits: int) -> pl.DataFrame:
         ``round`` (Int32, sorted), ``up_bits``, ``up_dense_bits`` (Int64) and ``up_ratio``.
     """
     up = ledger.filter((pl.col("direction") == "up") & (pl.col("round") > 0))
+    # (a ledger from before cut uplinks has no encoded_bits: every message was sent whole)
+    encoded = pl.col("encoded_bits") if "encoded_bits" in ledger.columns else MESSAGE_BITS
     return (
         up.group_by("round")
         .agg(
             MESSAGE_BITS.sum().cast(pl.Int64).alias("up_bits"),
-            (pl.len() * dense_model_bits).cast(pl.Int64).alias("up_dense_bits"),
+            (dense_model_bits * MESSAGE_BITS / encoded.clip(lower_bound=1))
+            .sum()
+            .round()
+            .cast(pl.Int64)
+            .alias("up_dense_bits"),
         )
         .filter(pl.col("up_bits") > 0)
         .select(

@@ -331,7 +331,7 @@ def _play_round(
     metrics: dict[str, float | None] = {
         **comm_metrics(
             rnd.up_bits, rnd.down_bits, rnd.up_dense_bits, ledger.bits(), ledger.up_bits(),
-            parts.numel, len(cohort), round_,
+            parts.numel, ledger.downlinks(),
         ),
         "train/loss": weighted([lo for lo, _ in rnd.losses], [n for _, n in rnd.losses]),
         "time/client_s": float(np.mean(rnd.train_s)) if rnd.train_s else None,

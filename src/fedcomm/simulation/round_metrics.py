@@ -16,25 +16,26 @@ from fedcomm.comm import bits
 def comm_metrics(
     up_bits: int,
     down_bits: int,
-    up_dense_bits: int,
+    up_dense_bits: float,
     cum_bits: int,
     cum_up_bits: int,
     numel: int,
-    cohort: int,
-    round_: int,
+    sampled: int,
 ) -> dict[str, float | None]:
     """The round's ``comm/*`` metrics: ``*_bits`` are the round's, ``cum_*`` the run's so far
-    (this round included), ``numel`` the dense model's parameters, ``cohort`` the clients
-    sampled."""
+    (this round included), ``numel`` the dense model's parameters, ``sampled`` the clients
+    sampled in every round so far (each round's own cohort)."""
+    dense_fedavg = 2 * bits.dense(numel) * sampled  # the model down and up per client sampled
     return {
         "comm/up_bytes": bits.to_bytes(up_bits),
         "comm/down_bytes": bits.to_bytes(down_bits),
         "comm/cum_bytes": bits.to_bytes(cum_bits),
         "comm/cum_gib": bits.to_gib(cum_bits),
         "comm/cum_up_bytes": bits.to_bytes(cum_up_bits),
-        "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,  # dense model / sent
-        # all bits so far / dense FedAvg's (model down and up per client) over as many rounds
-        "comm/cost_vs_dense": cum_bits / (2 * bits.dense(numel) * max(1, cohort) * round_),
+        # dense models / sent bits, each uplink's dense model in proportion to what it sent
+        "comm/up_ratio": up_dense_bits / up_bits if up_bits else None,
+        # all bits so far / dense FedAvg's for the same clients (None: nobody sampled yet)
+        "comm/cost_vs_dense": cum_bits / dense_fedavg if dense_fedavg else None,
     }
 
 

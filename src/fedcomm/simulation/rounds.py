@@ -83,7 +83,9 @@ class Round:
     payloads: list[Payload] = field(default_factory=list)  # theirs, as encoded
     up_bits: int = 0  # over the link this round (a cut uplink: what it had sent)
     down_bits: int = 0
-    up_dense_bits: int = 0  # the dense model, per client taken (diverged ones included)
+    # the dense model per uplink, in proportion to the part of its encoding it sent: a client
+    # taken (diverged ones included) counts whole, a cut one its sent fraction (comm/up_ratio)
+    up_dense_bits: float = 0.0
     train_s: list[float] = field(default_factory=list)  # wall seconds per client taken
     losses: list[tuple[float, int]] = field(default_factory=list)  # (train loss, examples)
     client_metrics: list[Mapping[str, float]] = field(default_factory=list)
@@ -135,6 +137,8 @@ class Round:
         it over the link: ``partial``; none: ``not_sent``) and its client row (``row``: its
         simulated part) written. Its state stays as it was: the server never saw its work."""
         status: Status = "partial" if sent_bits else "not_sent"
+        encoded = payload.nbits().total
+        self.up_dense_bits += bits.dense(self.run.numel) * min(sent_bits, encoded) / max(1, encoded)
         self.up_bits += self.ledger.record(
             self.number, turn.client_id, "up", payload, status=status, sent_bits=sent_bits
         )

@@ -73,8 +73,17 @@ def forward_flops(model: nn.Module, example: Tensor) -> WeightCost:
         model.train(was_training)
         for handle in hooks:
             handle.remove()
-    params = dict(model.named_parameters())
-    return {name: (flops, params[name].numel()) for name, flops in out.items() if name in params}
+    # a weight used under several names (a decoder tied to the embedding) is counted under the
+    # name named_parameters() keeps for it, once per use
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    names = {n: canonical[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    cost: WeightCost = {}
+    for name, flops in out.items():
+        if name in names:
+            key = names[name]
+            cost[key] = (cost.get(key, (0.0, 0))[0] + flops, sizes[key])
+    return cost
 
 
 def example_flops(cost: WeightCost, trained: Mapping[str, Tensor], *, sparse: bool) -> float:

@@ -208,3 +208,45 @@ def test_a_round_with_nobody_online_leaves_the_model_and_lasts_the_wait(tmp_path
     init = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[8])
     for name, p in init.named_parameters():  # the model never moved
         assert torch.equal(res.final_params[name], p.detach())
+
+
+def test_up_ratio_counts_a_cut_uplink_for_what_it_sent() -> None:
+    """issue 45: under ``cut_uplink: partial`` the ratio's numerator counted the aggregated
+    clients' dense models only while its denominator held the cut uplinks' bits too, so dense
+    FedAvg reported 0.80-0.90. A message stands for the dense model in proportion to the part of
+    its encoding it sent: dense FedAvg's ratio is 1, in the round metrics and in the ledger's
+    traffic table alike."""
+    from fedcomm.comm import bits
+    from fedcomm.comm.ledger import Ledger
+    from fedcomm.evaluation.traffic import upload_ratios
+
+    free = _run(_system())
+    finishes = sorted(c["sim_finish_s"] for c in free.state.client_rows if c["round"] == 1)
+    cut = _run(_system(deadline_s=(finishes[0] + finishes[1]) / 2, cut_uplink="partial"))
+    statuses = {r[7] for r in cut.ledger.rows if r[2] == "up"}
+    assert "partial" in statuses  # the case: some uplink was cut mid-way
+    assert [r["comm/up_ratio"] for r in cut.state.round_rows] == pytest.approx([1.0] * 3)
+    numel = sum(v.numel() for v in cut.final_params.values())
+    table = upload_ratios(Ledger(cut.ledger.rows).frame(), bits.dense(numel))
+    assert table["up_ratio"].to_list() == pytest.approx([1.0] * 3)
+
+
+def test_cost_vs_dense_sums_each_rounds_own_cohort() -> None:
+    """issue 45: ``comm/cost_vs_dense`` divided every past round's bits by the current round's
+    cohort; with availability the cohort changes from round to round. The baseline is dense
+    FedAvg's model down and up for each client sampled in each round so far."""
+    from fedcomm.comm import bits
+
+    cfg = _system(over_selection=1.0)
+    cfg = cfg.model_copy(update={"availability": SystemConfig.model_validate(
+        {"availability": {"kind": "constant", "p": 0.4}}).availability})  # fmt: skip
+    res = _run(cfg, rounds=4, k=2)
+    sampled = [r["system/sampled"] for r in res.state.round_rows]
+    assert len(set(sampled)) > 1  # the case: cohorts of different sizes
+    dense = bits.dense(sum(v.numel() for v in res.final_params.values()))
+    for i, row in enumerate(res.state.round_rows):
+        baseline = sum(2 * dense * s for s in sampled[: i + 1])
+        if not baseline:  # nobody sampled yet: no baseline to compare with
+            assert row["comm/cost_vs_dense"] is None
+            continue
+        assert row["comm/cost_vs_dense"] == pytest.approx(row["comm/cum_bytes"] * 8 / baseline)
