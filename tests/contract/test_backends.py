@@ -204,8 +204,8 @@ def _dropout_model(fed: FederatedTensors, p: float = 0.3) -> nn.Module:
 def test_dropout_models_batch_and_match_sequential(name: str, fed: FederatedTensors) -> None:
     """Each client's masks come from its own dropout stream, drawn outside the step, so a
     dropout model trains batched with the sequential run's draws (padded batches included)."""
-    seq = _run(name, fed, "sequential", local=LOCALS["momentum"], model=_dropout_model(fed))
-    vec = _run(name, fed, "vectorized", local=LOCALS["momentum"], model=_dropout_model(fed))
+    seq = _run(name, fed, "sequential", model=_dropout_model(fed))
+    vec = _run(name, fed, "vectorized", model=_dropout_model(fed))
     assert vec.backend == "vectorized"
     _assert_close(seq, vec)
 
@@ -222,7 +222,7 @@ def test_fedbiad_counter_noise_batches_and_matches_sequential(fed: FederatedTens
     assert not torch.allclose(gen.final_params["fc1.weight"], seq.final_params["fc1.weight"])
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedbiad", "feddst"])
+@pytest.mark.parametrize("name", ["fedbiad", "feddst"])
 def test_a_compiled_batched_step_matches_sequential(name: str, fed: FederatedTensors) -> None:
     """``train.compile``: the vmapped step through torch.compile (``aot_eager``: the capture
     and its graphs, with eager kernels, so a CPU test takes seconds; ``inductor`` and CUDA

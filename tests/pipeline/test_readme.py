@@ -37,7 +37,12 @@ NOT_RUN = {  # command prefix -> why it is not run by this test
     "make test": "the test suite itself (.ci/run)",
     "make reproduce": "hours; tests/pipeline/test_reproduce_resume.py runs it on a tiny profile "
     "(killed, resumed, FRESH=1); each reproduction's page gives its numbers",
-    "fedcomm sweep": "an Optuna study: tests/pipeline/test_sweep.py and test_dvc_sweep.py",
+    "fedcomm sweep": "an Optuna study: tests/pipeline/test_sweep.py and test_dvc_sweep.py; "
+    "--launcher submitit: tests/pipeline/test_sweep_submitit.py (submitit's local executor)",
+    "pip install -e '.[postgres,cluster]'": "the Slurm example's install on a cluster's login "
+    "node; .ci/run installs .[dev], which holds both extras",
+    "export FEDCOMM_DATA_ROOT=/shared/datasets": "the Slurm example's environment (a cluster's "
+    "shared paths and tracking server)",
     "dvc exp run --queue": "tests/pipeline/test_dvc_pipeline.py queues one; its -S values are "
     "checked against params.yaml below",
     "fedcomm verdicts": "reads docs/reproductions/ (not in this repo copy): "

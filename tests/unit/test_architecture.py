@@ -36,7 +36,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
-        "fedcomm types errors atomic paths seeding sparse_io",
+        "fedcomm types errors atomic paths seeding philox sparse_io",
         "comm models data server_opt run_files system",
         "algorithms",
         "evaluation",

@@ -31,6 +31,8 @@ def test_stream_ids_are_stable() -> None:
         "EVAL": 7,
         "ALGORITHM": 8,
         "SYSTEM": 9,
+        "DROPOUT": 10,
+        "NOISE": 11,
     }
 
 
