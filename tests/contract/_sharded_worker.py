@@ -24,15 +24,28 @@ from tests.contract.test_backends import _run  # noqa: E402
 CASES = [(name, "sequential") for name in sorted(CONFIGS)] + [
     (name, "vectorized") for name in ("fedavg", "fedbiad", "feddst", "fedsparse")
 ]
+# a train.system run whose deadline cuts a straggler's work short (its retraining goes through
+# the sharded turns too): FedAvg, sequential
+SYSTEM_CASE = ("fedavg", "system-partial")
+CASES.append(SYSTEM_CASE)
+
+
+def system_run(sharded: Any = None) -> Any:
+    from tests.unit.system.test_round_clock import _run as clock_run
+    from tests.unit.system.test_round_clock import _system
+
+    return clock_run(_system(deadline_s=0.45, stragglers="partial"), sharded=sharded)
 
 
 def result(res: Any) -> dict[str, Any]:
     rows = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in res.state.round_rows]
+    clients = [{k: v for k, v in c.items() if k != "train_s"} for c in res.state.client_rows]
     return {
         "rounds": rows,
         "ledger": res.ledger.rows,
         "final": res.final_params,
         "backend": res.backend,
+        "clients": clients,
     }
 
 
@@ -41,7 +54,10 @@ def main(out: Path) -> None:
     assert sharded is not None and sharded.world == 2
     fed = digits_federation(6)
     for name, backend in CASES:
-        res = _run(name, fed, backend, sharded=sharded)
+        if (name, backend) == SYSTEM_CASE:
+            res = system_run(sharded)
+        else:
+            res = _run(name, fed, backend, sharded=sharded)
         if sharded.writes:
             torch.save(result(res), out / f"{name}-{backend}.pt")
     traffic = sharded.traffic

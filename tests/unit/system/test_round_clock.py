@@ -42,6 +42,7 @@ def _run(
     backend: str = "sequential",
     k: int = 3,
     rounds: int = 3,
+    sharded: Any = None,
     **options: object,
 ) -> loop.RunResult:
     fed = digits_federation(8)
@@ -52,7 +53,8 @@ def _run(
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[8])
     algo = fedavg.build(fedavg.Config())
-    return loop.run(cfg, algo, model, fed, build_compressor(compressor, **options), config_hash="h")
+    compressor_ = build_compressor(compressor, **options)
+    return loop.run(cfg, algo, model, fed, compressor_, config_hash="h", sharded=sharded)
 
 
 def test_without_a_deadline_every_client_is_aggregated_and_timed() -> None:
