@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 import torch
 
-from fedcomm.comm.ledger import SCHEMA as LEDGER_SCHEMA
+from fedcomm.comm.ledger import REQUIRED as LEDGER_COLUMNS
 from fedcomm.errors import InputError, one_line
 from fedcomm.sparse_io import load_sparse
 from fedcomm.types import ParamDict
@@ -166,7 +166,7 @@ def read_trained(folder: Path, remedy: str) -> TrainedRun:
         raise _fail(folder, "missing (the run was not trained)", remedy)
     return TrainedRun(
         rounds=read_table(folder / "rounds.parquet", ROUNDS_COLUMNS, remedy),
-        ledger=read_table(folder / "ledger.parquet", LEDGER_SCHEMA, remedy),
+        ledger=read_table(folder / "ledger.parquet", LEDGER_COLUMNS, remedy),
         clients=read_table(folder / "clients.parquet", CLIENTS_COLUMNS, remedy),
         model=read_model(folder / "model.safetensors", remedy),
         info=read_json(folder / "run.json", RUN_KEYS, remedy),

@@ -127,6 +127,7 @@ def make(
         client_job=client_job,
         server_update=server_update,
         uploaded_model=add_delta,
+        delta_uplink=True,  # Δ_k from w_t, averaged: FedBuff / FedAsync may take it stale
     )
 
 

@@ -1,12 +1,15 @@
 """The communication ledger: one row per message, as a polars table.
 
 Schema: ``round, client_id, direction, payload_bits, index_bits, meta_bits, dense_bits, status,
-encoded_bits``. ``dense_bits`` is the size the same content would have had sent densely (the
-reference for compression ratios). The bit columns count what went over the link: ``status`` is
+encoded_bits, version``. ``dense_bits`` is the size the same content would have had sent densely
+(the reference for compression ratios). The bit columns count what went over the link: ``status`` is
 ``sent`` for every message unless a round under a ``system`` section (simulated time) dropped a
 client: its uplink is then ``not_sent`` (0 bits) or ``partial`` (the bits it had sent when the
 round closed, all counted as payload), and ``encoded_bits`` keeps what its codec encoded either
-way. Totals are summarised per round and cumulatively in bytes and GiB.
+way. ``version`` is the global model version the message's client trained on: the number of
+server steps before its downlink (``round - 1`` in synchronous rounds; under asynchronous
+aggregation, :mod:`fedcomm.simulation.asynchronous`, an uplink's may be older than its round's).
+Totals are summarised per round and cumulatively in bytes and GiB.
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ SCHEMA: dict[str, pl.DataType] = {
     "dense_bits": pl.Int64(),
     "status": pl.String(),
     "encoded_bits": pl.Int64(),
+    "version": pl.Int32(),
 }
-Row = tuple[int, int, str, int, int, int, int, str, int]  # SCHEMA's columns, in order
+Row = tuple[int, int, str, int, int, int, int, str, int, int]  # SCHEMA's columns, in order
+# what a reader needs (a ledger written before model versions has no ``version``)
+REQUIRED = tuple(c for c in SCHEMA if c != "version")
 
 
 @dataclass
@@ -69,16 +75,21 @@ class Ledger:
         *,
         status: Status = "sent",
         sent_bits: int = 0,
+        version: int | None = None,
     ) -> int:
         """Add one message; returns the bits that went over the link (all of them when
-        ``sent``; ``sent_bits`` of them when ``partial``; none when ``not_sent``)."""
+        ``sent``; ``sent_bits`` of them when ``partial``; none when ``not_sent``). ``version``:
+        the model version its client trained on (None: ``round_ - 1``, round 0's: 0)."""
         n = payload.nbits()
         bits_ = (n.payload, n.index, n.meta)
         if status == "not_sent":
             bits_ = (0, 0, 0)
         elif status == "partial":
             bits_ = (min(sent_bits, n.total), 0, 0)
-        row: Row = (round_, client_id, direction, *bits_, payload.dense_bits(), status, n.total)
+        v = max(round_ - 1, 0) if version is None else version
+        row: Row = (
+            round_, client_id, direction, *bits_, payload.dense_bits(), status, n.total, v
+        )  # fmt: skip
         self.rows.append(row)
         return self._count(row)
 
@@ -104,7 +115,7 @@ class Ledger:
         atomic.write_parquet(path, self.frame())
 
     def _count(self, row: Row) -> int:
-        round_, _client, direction, payload, index, meta, _dense, status, _encoded = row
+        round_, _client, direction, payload, index, meta, _dense, status, _encoded, _v = row
         link = payload + index + meta
         self._link[(direction, status)] += link
         self._downlinks += direction == "down" and round_ > 0

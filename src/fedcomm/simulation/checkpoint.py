@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fedcomm.atomic import atomic_path
+from fedcomm.comm.ledger import Row
 from fedcomm.errors import InputWarning, one_line
 
 FORMAT_VERSION = 1
@@ -29,12 +30,13 @@ class RunState:
     round_: int = 0
     server: Any = None
     clients: dict[int, Any] = field(default_factory=dict)
-    ledger_rows: list[tuple[int, int, str, int, int, int, int, str, int]] = field(
-        default_factory=list
-    )
+    ledger_rows: list[Row] = field(default_factory=list)
     round_rows: list[dict[str, Any]] = field(default_factory=list)
     client_rows: list[dict[str, Any]] = field(default_factory=list)
     run_id: str | None = None
+    # asynchronous aggregation: the clients in flight and the model versions they hold
+    # (:class:`fedcomm.simulation.asynchronous.Flight`); None in synchronous rounds
+    flight: Any = None
 
 
 def save(state: RunState, path: Path) -> None:

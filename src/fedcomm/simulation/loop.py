@@ -22,10 +22,13 @@ each client; steps 4-5 read what it gathered. Step 3 runs on the configured back
 (:mod:`fedcomm.simulation.backends`): ``sequential`` reuses one model object for every client
 (parameters passed explicitly, never deep-copied into per-client modules); ``vectorized`` trains
 the cohort as one batched computation. Both hand back the clients in cohort order, so the rest
-of the round is the same code. Beside this file: ``start.py`` (round 0 of a fresh run),
-``rounds.py`` (the round), ``timed.py`` (the clients timed and the round settled under a
-``system`` section), ``local_eval.py`` (the client store, local accuracy), ``divergence.py``,
-``round_metrics.py`` (comm, loss and density), ``global_eval.py``.
+of the round is the same code. Under ``train.system.policy.aggregation: fedbuff | fedasync`` a
+round is one asynchronous server step instead (:mod:`fedcomm.simulation.asynchronous`: clients
+in flight across rounds, their deltas weighed by staleness). Beside this file: ``start.py``
+(round 0 of a fresh run), ``rounds.py`` (the round), ``timed.py`` (the clients timed and the
+round settled under a ``system`` section), ``asynchronous.py``, ``local_eval.py`` (the client
+store, local accuracy), ``divergence.py``, ``round_metrics.py`` (comm, loss and density),
+``global_eval.py``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from fedcomm.comm.ledger import Ledger
 from fedcomm.errors import Interrupted, interrupts_deferred, stopping
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
-from fedcomm.simulation import checkpoint, device, local_eval, shard, timed
+from fedcomm.simulation import asynchronous, checkpoint, device, local_eval, shard, timed
 from fedcomm.simulation.backends import Backend
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.divergence import DivergenceError
@@ -193,6 +196,7 @@ def _run(
 ) -> RunResult:
     if algorithm.prepare_model is not None:
         model = algorithm.prepare_model(model, cfg.seed).to(dev)
+    shape = _asynchronous(cfg, algorithm, data, sharded)
     state = _start(cfg, algorithm, model, data, dev, mark, config_hash, checkpoint_path, resume)
     shard.barrier(sharded)  # every rank has read the checkpoint before rank 0 writes one
     writes = sharded is None or sharded.writes
@@ -224,16 +228,33 @@ def _run(
             sparse=algorithm.execution.sparse_compute,
         )
     )
+    if shape is not None and state.flight is None:  # (a resumed run keeps its own)
+        state.flight = asynchronous.Flight()
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
         mark.at = round_
         t_round = time.perf_counter()
-        metrics = _play_round(cfg, parts, sim, state, ledger, round_)
+        metrics = _play_round(cfg, parts, sim, state, ledger, round_, shape)
         metrics["time/round_s"] = time.perf_counter() - t_round
         _close_round(cfg, state, ledger, round_, metrics, checkpoint_path, mark, tracker, progress)
     final = {k: v.detach().clone() for k, v in algorithm.global_params(state.server).items()}
     return RunResult(
         state, final, ledger, resumed_from, backend=backend.effective, checkpoint_round=mark.kept
     )
+
+
+def _asynchronous(
+    cfg: LoopConfig,
+    algorithm: FedAlgorithm[Any],
+    data: FederatedTensors,
+    sharded: shard.Shard | None,
+) -> asynchronous.Shape | None:
+    """The asynchronous server's shape (None: synchronous rounds), the algorithm and the run
+    checked for it before anything trains."""
+    if cfg.system is None or cfg.system.policy.aggregation == "sync":
+        return None
+    policy = cfg.system.policy
+    asynchronous.refuse(algorithm, policy, sharded.world if sharded is not None else 1)
+    return asynchronous.Shape.of(policy, cfg.clients_per_round, data.num_clients)
 
 
 def _start(
@@ -300,8 +321,10 @@ def _play_round(
     state: checkpoint.RunState,
     ledger: Ledger,
     round_: int,
+    shape: asynchronous.Shape | None = None,
 ) -> dict[str, float | None]:
-    """Round ``round_`` (steps 1-5): the cohort's work taken, the server step, the metrics."""
+    """Round ``round_`` (steps 1-5): the cohort's work taken, the server step, the metrics
+    (``shape``: an asynchronous server's round instead, one server step)."""
     ctx = RoundContext(
         round_, torch_generator(cfg.seed, Stream.SERVER, round_), cfg.seed, parts.model
     )
@@ -309,7 +332,14 @@ def _play_round(
     rnd = Round(parts, round_, state, ledger, ctx, local_due)
     start_s = timed.elapsed_s(state.round_rows)  # simulated seconds before this round (system only)
     settled: timed.Settled | None = None
-    if sim is None:  # 1.-3.
+    played: asynchronous.Played | None = None
+    weigh = None
+    if sim is not None and shape is not None:  # one asynchronous server step
+        current = parts.algorithm.global_params(state.server)
+        played = asynchronous.play_round(sim, rnd, state.flight, shape, start_s, lambda: current)
+        weigh = asynchronous.weigh(sim.cfg.policy, played, state.flight, current)
+        cohort, online = [f.client_id for f in played.arrived], played.online
+    elif sim is None:  # 1.-3.
         cohort, online = (
             sample_cohort(cfg.seed, round_, parts.data.num_clients, cfg.clients_per_round),
             0,
@@ -327,7 +357,9 @@ def _play_round(
             f"round {round_}: every client diverged ({len(rnd.skipped)} skipped). "
             "Lower train.local.lr"
         )
-    server_s = _server_step(parts, state, rnd)  # 4.
+    server_s = _server_step(parts, state, rnd, weigh)  # 4.
+    if played is not None:
+        asynchronous.forget(state.flight)
     metrics: dict[str, float | None] = {
         **comm_metrics(
             rnd.up_bits, rnd.down_bits, rnd.up_dense_bits, ledger.bits(), ledger.up_bits(),
@@ -340,6 +372,8 @@ def _play_round(
     }  # fmt: skip
     if settled is not None:
         metrics.update(timed.round_metrics(settled, len(cohort), online, start_s))
+    if played is not None:
+        metrics.update(asynchronous.round_metrics(played, len(state.flight.clients), start_s))
     if rnd.skipped:
         metrics["train/diverged_clients"] = float(len(rnd.skipped))
     if local_due and parts.evaluates:  # 5. local accuracy
@@ -350,10 +384,16 @@ def _play_round(
     return metrics
 
 
-def _server_step(parts: RunParts, state: checkpoint.RunState, rnd: Round) -> float:
+def _server_step(
+    parts: RunParts,
+    state: checkpoint.RunState,
+    rnd: Round,
+    weigh: Callable[[list[Uplink]], list[Uplink]] | None = None,
+) -> float:
     """The server's update from the round's uplinks (first mapped by the compressor's
-    ``server_hook``: SignSGD's majority vote); its wall seconds. A system round where no
-    client made it leaves the server as it was."""
+    ``server_hook``: SignSGD's majority vote; then by ``weigh``: an asynchronous server's
+    staleness); its wall seconds. A system round where no client made it leaves the server as
+    it was."""
     t_server = time.perf_counter()
     uplinks = rnd.uplinks
     hook = parts.compressor.server_hook
@@ -362,6 +402,8 @@ def _server_step(parts: RunParts, state: checkpoint.RunState, rnd: Round) -> flo
             Uplink(u.client_id, u.num_examples, t)
             for u, t in zip(uplinks, hook(rnd.payloads), strict=True)
         ]
+    if weigh is not None:
+        uplinks = weigh(uplinks)
     if uplinks:
         state.server = parts.algorithm.server_update(state.server, uplinks, rnd.ctx)
     return time.perf_counter() - t_server

@@ -122,17 +122,25 @@ class Round:
 
     # -- the ledger -------------------------------------------------------------------------
 
-    def send_down(self, turn: Turn) -> int:
-        """``turn``'s downlink recorded; its bits."""
-        sent = self.ledger.record(self.number, turn.client_id, "down", turn.down)
+    def send_down(self, turn: Turn, version: int | None = None) -> int:
+        """``turn``'s downlink recorded (``version``: the model's, None: ``number - 1``); its
+        bits."""
+        sent = self.ledger.record(self.number, turn.client_id, "down", turn.down, version=version)
         self.down_bits += sent
         return sent
 
-    def send_up(self, client_id: int, payload: Payload) -> None:
-        """An uplink recorded as sent whole."""
-        self.up_bits += self.ledger.record(self.number, client_id, "up", payload)
+    def send_up(self, client_id: int, payload: Payload, version: int | None = None) -> None:
+        """An uplink recorded as sent whole (``version``: the model its client trained on)."""
+        self.up_bits += self.ledger.record(self.number, client_id, "up", payload, version=version)
 
-    def cut(self, turn: Turn, payload: Payload, sent_bits: int, row: Mapping[str, Any]) -> None:
+    def cut(
+        self,
+        turn: Turn,
+        payload: Payload,
+        sent_bits: int,
+        row: Mapping[str, Any],
+        version: int | None = None,
+    ) -> None:
         """A dropped client: its uplink recorded as cut when the round closed (``sent_bits`` of
         it over the link: ``partial``; none: ``not_sent``) and its client row (``row``: its
         simulated part) written. Its state stays as it was: the server never saw its work."""
@@ -140,8 +148,9 @@ class Round:
         encoded = payload.nbits().total
         self.up_dense_bits += bits.dense(self.run.numel) * min(sent_bits, encoded) / max(1, encoded)
         self.up_bits += self.ledger.record(
-            self.number, turn.client_id, "up", payload, status=status, sent_bits=sent_bits
-        )
+            self.number, turn.client_id, "up", payload, status=status, sent_bits=sent_bits,
+            version=version,
+        )  # fmt: skip
         self.state.client_rows.append(
             {"round": self.number, "client_id": turn.client_id,
              "num_examples": turn.result.num_examples, **row}

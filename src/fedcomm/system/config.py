@@ -128,8 +128,38 @@ class AvailabilityTable(_Strict):
 Availability = Annotated[Probability | Windows | AvailabilityTable, Field(discriminator="kind")]
 
 
+class ConstantStaleness(_Strict):
+    """``s(τ) = 1``: a stale update counts as a fresh one."""
+
+    kind: Literal["constant"]
+
+
+class PolynomialStaleness(_Strict):
+    """``s(τ) = (1 + τ)^(-a)`` (Xie et al. 2019's polynomial; FedBuff's ``1/sqrt(1 + τ)`` is
+    ``a = 0.5``)."""
+
+    kind: Literal["polynomial"]
+    a: float = Field(0.5, ge=0)
+
+
+class HingeStaleness(_Strict):
+    """``s(τ) = 1`` for ``τ <= b``, else ``1 / (a (τ - b) + 1)`` (Xie et al. 2019's hinge)."""
+
+    kind: Literal["hinge"]
+    a: float = Field(gt=0)
+    b: int = Field(ge=0)
+
+
+Staleness = Annotated[
+    ConstantStaleness | PolynomialStaleness | HingeStaleness, Field(discriminator="kind")
+]
+ASYNC_ONLY = ("concurrency", "buffer_size", "staleness", "mixing")  # read by fedbuff/fedasync
+
+
 class PolicyConfig(_Strict):
-    """``system.policy``: how a round treats its slow clients."""
+    """``system.policy``: how a round treats its slow clients, and how the server aggregates
+    (``aggregation``: synchronous rounds, or FedBuff / FedAsync on the same clock,
+    :mod:`fedcomm.simulation.asynchronous`)."""
 
     deadline_s: float | None = Field(
         None, gt=0, description="seconds after the round starts; null: wait for every client"
@@ -151,12 +181,69 @@ class PolicyConfig(_Strict):
         "had sent when the round closed",
     )
 
+    aggregation: Literal["sync", "fedbuff", "fedasync"] = Field(
+        "sync",
+        description="sync: rounds of train.clients_per_round clients; fedbuff: clients train "
+        "concurrently and the server steps every buffer_size arrivals (Nguyen et al. 2022); "
+        "fedasync: the server mixes in each arrival at once (Xie et al. 2019). Under both, a "
+        "round is one server step (model version) and deadline_s a client's time limit",
+    )
+    concurrency: int | None = Field(
+        None, ge=1, description="fedbuff/fedasync: clients training at once (null: "
+        "train.clients_per_round)",
+    )  # fmt: skip
+    buffer_size: int | None = Field(
+        None, ge=1, description="fedbuff: arrivals per server step, K (null: "
+        "train.clients_per_round); fedasync: 1",
+    )  # fmt: skip
+    staleness: Staleness = Field(
+        default_factory=lambda: PolynomialStaleness(kind="polynomial", a=0.5),
+        description="fedbuff/fedasync: the weight s(τ) of an update τ server steps stale",
+    )
+    mixing: float = Field(
+        0.9, gt=0, le=1, description="fedasync: α, the new model is (1 - α s) w + α s w_client "
+        "(APPFL's default 0.9)",
+    )  # fmt: skip
+
     @model_validator(mode="after")
     def _needs_deadline(self) -> PolicyConfig:
         if self.deadline_s is None and self.stragglers == "partial":
             raise ValueError(
                 "stragglers must be 'drop' without a deadline (partial work fits a deadline; "
                 "set deadline_s)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _aggregation_keys(self) -> PolicyConfig:
+        agg = self.aggregation
+        if agg == "sync":
+            given = [k for k in ASYNC_ONLY if k in self.model_fields_set]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: read only under aggregation fedbuff or fedasync "
+                    "(aggregation is sync)"
+                )
+            return self
+        if self.over_selection:
+            raise ValueError(
+                f"over_selection must be 0 under aggregation {agg} (got {self.over_selection}): "
+                "an asynchronous server waits for no cohort; concurrency sets how many train"
+            )
+        if self.stragglers != "drop":
+            raise ValueError(
+                f"stragglers must be 'drop' under aggregation {agg} (deadline_s is a client's "
+                "time limit from its start: a client past it is dropped)"
+            )
+        if agg == "fedasync" and self.buffer_size not in (None, 1):
+            raise ValueError(
+                f"buffer_size must be 1 (or null) under aggregation fedasync, got "
+                f"{self.buffer_size}: FedAsync steps on every arrival (FedBuff buffers K)"
+            )
+        if agg == "fedbuff" and "mixing" in self.model_fields_set:
+            raise ValueError(
+                "mixing: read only under aggregation fedasync (FedBuff steps with "
+                "the algorithm's server optimizer, algorithm.server)"
             )
         return self
 

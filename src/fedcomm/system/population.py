@@ -2,7 +2,8 @@
 
 Every draw comes from the run's seed (stream ``SYSTEM``): the population from keys
 ``(0, quantity)``, drawn once, before round 1, so a resumed run redraws the same clients; who is
-online in round ``r`` from ``(1, r)``; the cohort among them from ``(2, r)``. The same seed gives
+online in round ``r`` from ``(1, r)``; the cohort among them from ``(2, r)`` (an asynchronous
+server's ``d``-th later start in round ``r``: ``(1, r, d)`` and ``(2, r, d)``). The same seed gives
 the same clock on both backends (the draws never touch torch).
 """
 
@@ -51,22 +52,29 @@ class Population:
     def size(self) -> int:
         return len(self.down)
 
-    def online(self, seed: int, round_: int, at_s: float) -> list[int]:
-        """The clients online at the start of round ``round_`` (simulated time ``at_s``)."""
+    def online(self, seed: int, round_: int, at_s: float, draw: int = 0) -> list[int]:
+        """The clients online at simulated time ``at_s``: the start of round ``round_``, or its
+        ``draw``-th later draw (an asynchronous server's starts during the round)."""
         if self.windows is not None:
             mask = self.windows.online_mask(np.arange(self.size), at_s)
             return [int(c) for c in np.flatnonzero(mask)]
         assert self.p_online is not None
-        u = numpy_rng(seed, Stream.SYSTEM, ONLINE, round_).random(self.size)
+        u = numpy_rng(seed, Stream.SYSTEM, ONLINE, round_, *_later(draw)).random(self.size)
         return [int(c) for c in np.flatnonzero(u < self.p_online)]
 
 
-def cohort(seed: int, round_: int, online: list[int], k: int) -> list[int]:
-    """``k`` distinct clients drawn from ``online`` (all of them when fewer), sorted."""
+def cohort(seed: int, round_: int, online: list[int], k: int, draw: int = 0) -> list[int]:
+    """``k`` distinct clients drawn from ``online`` (all of them when fewer), sorted; ``draw``
+    as :meth:`Population.online`'s."""
     if len(online) <= k:
         return sorted(online)
-    rng = numpy_rng(seed, Stream.SYSTEM, COHORT, round_)
+    rng = numpy_rng(seed, Stream.SYSTEM, COHORT, round_, *_later(draw))
     return sorted(int(online[i]) for i in rng.choice(len(online), size=k, replace=False))
+
+
+def _later(draw: int) -> tuple[int, ...]:
+    """The extra key of a round's ``draw``-th later draw (none for its first: the round's)."""
+    return (draw,) if draw else ()
 
 
 def draw(cfg: SystemConfig, num_clients: int, seed: int, root: Path | None) -> Population:

@@ -24,6 +24,7 @@ COLUMNS = [
     "dense_bits",
     "status",
     "encoded_bits",
+    "version",
 ]
 
 
@@ -53,7 +54,7 @@ def _example() -> Ledger:
 def test_record_returns_total_bits() -> None:
     ledger = Ledger()
     assert ledger.record(3, 7, "up", _dense(10)) == 320
-    assert ledger.rows == [(3, 7, "up", 320, 0, 0, 320, "sent", 320)]
+    assert ledger.rows == [(3, 7, "up", 320, 0, 0, 320, "sent", 320, 2)]
 
 
 def test_a_message_not_sent_counts_no_bits_and_keeps_its_encoding() -> None:
@@ -62,9 +63,9 @@ def test_a_message_not_sent_counts_no_bits_and_keeps_its_encoding() -> None:
     assert ledger.record(1, 3, "up", _dense(10), status="partial", sent_bits=100) == 100
     assert ledger.record(1, 4, "up", _dense(10), status="partial", sent_bits=999) == 320
     assert ledger.rows == [
-        (1, 2, "up", 0, 0, 0, 320, "not_sent", 320),
-        (1, 3, "up", 100, 0, 0, 320, "partial", 320),
-        (1, 4, "up", 320, 0, 0, 320, "partial", 320),
+        (1, 2, "up", 0, 0, 0, 320, "not_sent", 320, 0),
+        (1, 3, "up", 100, 0, 0, 320, "partial", 320, 0),
+        (1, 4, "up", 320, 0, 0, 320, "partial", 320, 0),
     ]
     assert per_round(ledger.frame())["up_bytes"].to_list() == [(100 + 320) / 8]
 
@@ -77,8 +78,19 @@ def test_schema_and_dtypes() -> None:
     assert frame.schema["direction"] == pl.String
     assert frame.schema["payload_bits"] == pl.Int64
     assert frame.height == 6
-    assert frame.row(2) == (1, 0, "up", 32, 3, 0, 256, "sent", 35)
-    assert frame.row(5) == (2, 1, "up", 128, 0, 32, 160, "sent", 160)
+    assert frame.row(2) == (1, 0, "up", 32, 3, 0, 256, "sent", 35, 0)
+    assert frame.row(5) == (2, 1, "up", 128, 0, 32, 160, "sent", 160, 1)
+
+
+def test_version_is_the_model_the_client_trained_on() -> None:
+    """issue 45: a round-``r`` message carries version ``r - 1`` unless told (an asynchronous
+    server's stale uplink); round 0's (warm start) carry the initial model, 0."""
+    ledger = Ledger()
+    ledger.record(0, 1, "up", _dense(1))
+    ledger.record(4, 1, "down", _dense(1))
+    ledger.record(4, 2, "up", _dense(1), version=1)
+    assert [r[-1] for r in ledger.rows] == [0, 3, 1]
+    assert ledger.frame()["version"].to_list() == [0, 3, 1]
 
 
 def test_empty_ledger_has_the_schema() -> None:

@@ -95,7 +95,7 @@ def test_warm_start_runs_once_and_is_charged_as_round_zero(tmp_path: Path) -> No
     res = run(resume=False)
     assert calls == [4]  # once, with every client's train split
     round0 = [r for r in res.ledger.rows if r[0] == 0]
-    assert round0 == [(0, 2, "up", 320, 0, 0, 320, "sent", 320)]
+    assert round0 == [(0, 2, "up", 320, 0, 0, 320, "sent", 320, 0)]
     up1 = sum(r[3] + r[4] + r[5] for r in res.ledger.rows if r[0] == 1)
     assert res.state.round_rows[0]["comm/cum_bytes"] == (320 + up1) / 8
     again = run(resume=True)  # finished: nothing runs again, the warm start included

@@ -100,12 +100,19 @@ class Execution:
       running the algorithm's clients one at a time);
     * ``sparse_compute``: its clients train a masked sparse model or a sub-model, so a system
       section's clock charges each weight's nonzero fraction of its FLOPs
-      (:mod:`fedcomm.system.flops`), not the dense model's.
+      (:mod:`fedcomm.system.flops`), not the dense model's;
+    * ``delta_uplink``: its decoded uplink is the client's change ``Δ = w_k - w_v`` from the
+      global model it downloaded (``global_params``, sent whole), and its server step is a
+      weighted average of those deltas through its server optimizer, so a delta may arrive
+      stale: asynchronous aggregation (:mod:`fedcomm.simulation.asynchronous`) weighs it by its
+      staleness (FedBuff) or re-bases it on the current model (FedAsync). Without it the
+      algorithm's server step needs synchronous rounds and asynchronous aggregation refuses it.
     """
 
     client_job: ClientJob | None = None
     unbatched: str | None = None
     sparse_compute: bool = False
+    delta_uplink: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,12 +167,14 @@ def job_algorithm(
     client_job: ClientJob,
     server_update: Callable[[S, Sequence[Uplink], RoundContext], S],
     sparse_compute: bool = False,
+    delta_uplink: bool = False,
     **optional: Any,
 ) -> FedAlgorithm[S]:
     """The common shape of an algorithm: its local training a job (run sequentially by
     ``client_update``, batched by the vectorized backend), clients without state unless
     ``init_client`` is given, the model evaluated being the server state's ``params`` unless
-    ``global_params`` is given; ``sparse_compute`` as :class:`Execution`'s; ``optional`` sets
+    ``global_params`` is given; ``sparse_compute`` and ``delta_uplink`` as
+    :class:`Execution`'s; ``optional`` sets
     any other :class:`FedAlgorithm` field."""
     return FedAlgorithm(
         **{"init_client": no_client_state, "global_params": server_params, **optional},
@@ -175,7 +184,9 @@ def job_algorithm(
         broadcast=broadcast,
         client_update=job_client_update(client_job),
         server_update=server_update,
-        execution=Execution(client_job=client_job, sparse_compute=sparse_compute),
+        execution=Execution(
+            client_job=client_job, sparse_compute=sparse_compute, delta_uplink=delta_uplink
+        ),
     )
 
 

@@ -165,7 +165,7 @@ def test_loop_is_deterministic_and_ledger_follows_the_rule(
     numels = [p.numel() for p in _model(fed).parameters()]
     up = [r for r in a.ledger.rows if r[2] == "up"]
     assert len(up) == 6
-    for round_, _, _, payload_bits, index_bits, meta_bits, dense_bits, _, _ in up:
+    for round_, _, _, payload_bits, index_bits, meta_bits, dense_bits, *_ in up:
         assert payload_bits + index_bits + meta_bits == _rule(name, options, numels, round_)
         assert dense_bits == 32 * sum(numels)
 
