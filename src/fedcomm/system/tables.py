@@ -15,6 +15,7 @@ refused too, so that a misspelt optional column (``availabilty``) is not silentl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,37 @@ class Windows:
         # the last window starting at or before t is the only one that can hold it
         k = lo + int(np.searchsorted(self.start_s[lo:hi], t, side="right")) - 1
         return k >= lo and t < float(self.end_s[k])
+
+    def offline_at(self, client_id: int, t_s: float) -> float:
+        """When ``client_id``, online at simulated time ``t_s``, goes offline: the end of the
+        window holding ``t_s``, windows that touch joined (across periods too; ``inf``: never);
+        ``t_s`` itself if it is offline then."""
+        if not self.online(client_id, t_s):
+            return float(t_s)
+        lo = int(np.searchsorted(self.client_id, client_id, side="left"))
+        hi = int(np.searchsorted(self.client_id, client_id, side="right"))
+        start, end = self.start_s[lo:hi], self.end_s[lo:hi]
+        t = float(t_s)
+        if self.period_s is None:
+            k = int(np.searchsorted(start, t, side="right")) - 1
+            while k + 1 < len(start) and start[k + 1] == end[k]:
+                k += 1
+            return float(end[k])
+        period = float(self.period_s[lo])
+        base = (t // period) * period
+        k = int(np.searchsorted(start, t - base, side="right")) - 1
+        for _ in range(2 * len(start) + 1):  # at most one full turn of the period's windows
+            nxt = k + 1
+            if nxt < len(start):
+                joined = bool(start[nxt] == end[k])
+            else:  # the period's last window: joined to the next period's first at 0
+                joined = bool(end[k] >= period and start[0] == 0.0)
+            if not joined:
+                return base + float(end[k])
+            if nxt == len(start):
+                base, nxt = base + period, 0
+            k = nxt
+        return math.inf  # online the whole period round
 
     def online_mask(self, client_ids: np.ndarray, t_s: float) -> np.ndarray:
         """``online`` for each of ``client_ids`` (int [n]) -> bool [n]."""
