@@ -12,10 +12,16 @@ round: the server never saw their work.
 (:class:`~fedcomm.simulation.rounds.Round`) to train, record and encode every client, settles
 the round, then has the round take the accepted clients and cut the dropped ones' uplinks
 (``not_sent`` / ``partial``, with a ``dropped`` client row).
+
+Under ``system.energy`` each client's round is also charged in joules
+(:mod:`fedcomm.system.energy`; :func:`charge`): its client row gets the energy columns, the
+round its ``energy/*`` metrics (every sampled client, the dropped ones for what they did until the
+round closed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +35,7 @@ from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.simulation.backends import Turn
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.rounds import Encoded, Round
+from fedcomm.system import energy
 from fedcomm.system import population as pop
 from fedcomm.system.clock import ClientTime, batch_sizes, client_time, decide, steps_that_fit
 from fedcomm.system.config import SystemConfig
@@ -43,6 +50,7 @@ class SystemRun:
     population: pop.Population
     cost: WeightCost
     sparse: bool  # the algorithm's sparse_compute: weights charged by their nonzero fraction
+    energy: energy.EnergyModel | None = None  # system.energy's (None: no energy computed)
 
     @classmethod
     def build(
@@ -57,7 +65,9 @@ class SystemRun:
     ) -> SystemRun:
         source = next(d for d in data.train if d.num_examples)
         cost = forward_flops(model, source.x[:1])
-        return cls(cfg, pop.draw(cfg, data.num_clients, seed, root), cost, sparse)
+        clients = pop.draw(cfg, data.num_clients, seed, root)
+        joules = None if cfg.energy is None else energy.build(cfg, clients, seed, root)
+        return cls(cfg, clients, cost, sparse, joules)
 
     def example_flops(self, turn: Turn) -> float:
         """Training FLOPs of one example of ``turn``'s client (system/flops.py)."""
@@ -82,6 +92,7 @@ class Timed:
     down_bits: int
     time: ClientTime
     sizes: tuple[int, ...]  # the sizes of the local minibatches it ran
+    work_flops: float | None = None  # FLOPs of those minibatches (None: compute_s x its FLOP/s)
 
 
 def time_turn(
@@ -106,7 +117,7 @@ def time_turn(
         round_start_s=start_s, down_bits=down_bits, work_flops=work,
         up_bits=encoded.payload.nbits().total,
     )  # fmt: skip
-    return Timed(turn, encoded, down_bits, t, tuple(sizes))
+    return Timed(turn, encoded, down_bits, t, tuple(sizes), work)
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,7 @@ class Settled:
     partial: frozenset[int]  # accepted after partial work
     dropped: list[tuple[Timed, int]]  # with the uplink bits sent before the round closed
     round_s: float
+    energy: energy.RoundEnergy | None = None  # its joules (system.energy only)
 
 
 Retrain = Callable[[Timed, int], Timed]  # a straggler, the local steps that fit -> retimed
@@ -186,13 +198,37 @@ def play_round(
         down_bits = rnd.send_down(turn)
         clocked.append(time_turn(sim, turn, rnd.encode(turn), down_bits, rnd.run.local, start_s))
     settled = settle(sim, clocked, k, start_s, functools.partial(_retrain, sim, rnd, start_s))
+    charged: list[tuple[energy.ClientEnergy, bool]] = []
     for t in settled.accepted:
         rnd.send_up(t.turn.client_id, t.encoded.payload)
         status = "partial_work" if t.turn.client_id in settled.partial else "aggregated"
-        rnd.take(t.turn, t.encoded, client_row(t, status))
+        joules = charge(sim, t)
+        rnd.take(t.turn, t.encoded, client_row(t, status, energy=joules))
+        charged += [(joules, False)] if joules is not None else []
     for t, sent in settled.dropped:
-        rnd.cut(t.turn, t.encoded.payload, sent, client_row(t, "dropped"))
-    return settled
+        joules = charge(sim, t, stop_s=settled.round_s)
+        rnd.cut(t.turn, t.encoded.payload, sent, client_row(t, "dropped", energy=joules))
+        charged += [(joules, True)] if joules is not None else []
+    if sim.energy is None:
+        return settled
+    spent = energy.round_energy(charged, energy.spent_j(rnd.state.round_rows))
+    return dataclasses.replace(settled, energy=spent)
+
+
+def charge(sim: SystemRun, t: Timed, stop_s: float | None = None) -> energy.ClientEnergy | None:
+    """``t``'s joules (None without ``system.energy``): its encoded downlink and uplink bits and
+    its local work, as timed; ``stop_s`` (seconds from its round's start): it stopped then
+    (:func:`fedcomm.system.energy.client_energy`)."""
+    if sim.energy is None:
+        return None
+    cid = t.turn.client_id
+    work = t.work_flops
+    if work is None:
+        work = t.time.compute_s * float(sim.population.flops_per_s[cid])
+    return energy.client_energy(
+        sim.energy, t.time, down_bits=t.down_bits, work_flops=work,
+        up_bits=t.encoded.payload.nbits().total, stop_s=stop_s,
+    )  # fmt: skip
 
 
 def _retrain(sim: SystemRun, rnd: Round, start_s: float, t: Timed, steps: int) -> Timed:
@@ -211,8 +247,12 @@ def elapsed_s(round_rows: Sequence[Mapping[str, Any]]) -> float:
     return float(round_rows[-1].get("time/sim_elapsed_s") or 0.0)
 
 
-def client_row(t: Timed, status: str) -> dict[str, Any]:
-    """A client's simulated round in its client row (seconds from the round's start)."""
+def client_row(
+    t: Timed, status: str, *, energy: energy.ClientEnergy | None = None
+) -> dict[str, Any]:
+    """A client's simulated round in its client row (seconds from the round's start; with
+    ``energy``, its joules: ``energy_down_j``, ``energy_compute_j``, ``energy_up_j``,
+    ``energy_j``)."""
     c = t.time
     return {
         "status": status,
@@ -221,13 +261,15 @@ def client_row(t: Timed, status: str) -> dict[str, Any]:
         "sim_compute_s": c.compute_s,
         "sim_up_s": c.up_s,
         "sim_finish_s": c.finish_s,
+        **(energy.row() if energy is not None else {}),
     }
 
 
 def round_metrics(
     settled: Settled, sampled: int, online: int, start_s: float
 ) -> dict[str, float | None]:
-    """The round's ``time/sim_*`` and ``system/*`` metrics."""
+    """The round's ``time/sim_*`` and ``system/*`` metrics, and its ``energy/*`` ones under
+    ``system.energy``."""
     finished = len(settled.accepted)
     return {
         "time/sim_round_s": settled.round_s,
@@ -237,4 +279,5 @@ def round_metrics(
         "system/finished": float(finished),
         "system/dropped": float(sampled - finished),
         "system/partial": float(len(settled.partial)),
+        **(settled.energy.metrics() if settled.energy is not None else {}),
     }

@@ -20,14 +20,21 @@ A per-client quantity is a *distribution*, drawn once per client (``kind``):
 - ``ai_benchmark`` (compute only): a phone model drawn uniformly from AI-Benchmark's 333
   scores, as a speed relative to their median;
 - ``table``: the column of the user's client table (``system.table``) for that client.
+
+``system.energy`` (optional; absent, no energy is computed or logged): each client-round's joules
+from the bits its messages encoded and the FLOPs its local steps computed
+(:mod:`fedcomm.system.energy`): J/bit and active and tail power per link technology
+(:mod:`fedcomm.system.radios`: sourced defaults for LTE, 3G UMTS and Wi-Fi), J/FLOP per client.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedcomm.system.radios import SOURCED
 
 
 class _Strict(BaseModel):
@@ -248,6 +255,74 @@ class PolicyConfig(_Strict):
         return self
 
 
+Tech = Literal["lte", "umts", "evdo", "wifi", "5g"]  # a link's radio technology
+TECHS: tuple[str, ...] = get_args(Tech)
+
+
+class TailState(_Strict):
+    """One radio state a transfer leaves behind: its seconds and its power."""
+
+    seconds: float = Field(gt=0)
+    watts: float = Field(ge=0)
+
+
+class RadioEnergy(_Strict):
+    """``system.energy.radios.<tech>``: one technology's energy, replacing its sourced default
+    (or giving one where none is sourced: EVDO, 5G). A message of ``b`` bits taking ``s``
+    seconds costs ``j_per_bit · b + active_w · s``, then the tail."""
+
+    down_j_per_bit: float = Field(ge=0, description="J per bit received")
+    up_j_per_bit: float = Field(ge=0, description="J per bit sent")
+    active_w: float = Field(0.0, ge=0, description="W while a transfer is on")
+    tail: tuple[TailState, ...] = Field(
+        (), description="the states after a transfer, in order (cut by the next transfer)"
+    )
+
+
+class EnergyLinks(_Strict):
+    """``system.energy.links``: each direction's technology; ``auto`` reads it off a trace link
+    (Mahimahi: each trace's own, LTE / UMTS / EVDO; 5Gophers: 5g)."""
+
+    down: Literal["auto", "lte", "umts", "evdo", "wifi", "5g"] = "auto"
+    up: Literal["auto", "lte", "umts", "evdo", "wifi", "5g"] = "auto"
+
+
+class JoulesPerFlop(_Strict):
+    kind: Literal["constant"]
+    j_per_flop: float = Field(ge=0, description="J per FLOP of local work, every client")
+
+
+class TrainingPower(_Strict):
+    kind: Literal["power"]
+    watts: float = Field(gt=0, description="W while training: J/FLOP = watts / the client's FLOP/s")
+
+
+ComputeEnergy = Annotated[JoulesPerFlop | TrainingPower, Field(discriminator="kind")]
+
+
+class EnergyConfig(_Strict):
+    """``system.energy``: joules per client-round from its encoded bits and its FLOPs."""
+
+    links: EnergyLinks = Field(default_factory=EnergyLinks)
+    radios: dict[Tech, RadioEnergy] = Field(
+        default_factory=dict, description="per technology: replaces or supplies its numbers"
+    )
+    tails: bool = Field(True, description="charge the radio's tail after each transfer")
+    compute: ComputeEnergy | None = Field(
+        None, description="J/FLOP: no sourced default, so it must be given"
+    )
+
+    @model_validator(mode="after")
+    def _compute_given(self) -> EnergyConfig:
+        if self.compute is None:
+            raise ValueError(
+                "compute must be set ({kind: constant, j_per_flop: J} or {kind: power, watts: "
+                "W}): fedcomm has no sourced J/FLOP for a phone's training (docs/system.md, "
+                "Energy); j_per_flop: 0 leaves compute out"
+            )
+        return self
+
+
 class SystemConfig(_Strict):
     """``system``: simulated client links, compute and availability, and the round policy."""
 
@@ -265,6 +340,9 @@ class SystemConfig(_Strict):
         description="table rows to clients: by client_id (the table covers every client), or "
         "one row drawn per client from the seed",
     )
+    energy: EnergyConfig | None = Field(
+        None, description="joules per client-round (absent: none computed, nothing logged)"
+    )
 
     @model_validator(mode="after")
     def _table_given(self) -> SystemConfig:
@@ -278,4 +356,36 @@ class SystemConfig(_Strict):
         users = [k for k, v in kinds.items() if v == "table"]
         if users and self.table is None:
             raise ValueError(f"table must be set: {', '.join(users)} read kind 'table'")
+        return self
+
+    @model_validator(mode="after")
+    def _energy_techs(self) -> SystemConfig:
+        if self.energy is None:
+            return self
+        if self.policy.aggregation != "sync":  # (simulation/asynchronous.py charges nothing yet)
+            raise ValueError(
+                f"energy is charged under aggregation sync only (policy.aggregation is "
+                f"{self.policy.aggregation!r}): drop energy, or use sync rounds"
+            )
+        given = self.energy.radios
+        for direction in ("down", "up"):
+            tech = getattr(self.energy.links, direction)
+            link = getattr(self.links, direction)
+            key = f"energy.links.{direction}"
+            if tech == "auto":
+                if link.kind != "trace":
+                    raise ValueError(
+                        f"{key} is 'auto', which reads the technology off a trace link, but "
+                        f"links.{direction} is kind {link.kind!r}: set {key} to one of "
+                        f"{', '.join(TECHS)}"
+                    )
+                if link.source != "fivegophers":
+                    continue  # Mahimahi's: each trace's own, checked when the traces are read
+                tech = "5g"
+            if tech not in given and tech not in SOURCED:
+                raise ValueError(
+                    f"energy.radios.{tech} must be set: links.{direction} is {tech} and fedcomm "
+                    f"has no sourced {tech} energy (sourced: {', '.join(SOURCED)}; docs/system.md, "
+                    "Energy)"
+                )
         return self

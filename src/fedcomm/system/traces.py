@@ -1,7 +1,7 @@
 """Real measurements under the data root's ``traces/`` (``docs/traces.md``), and user tables.
 
 - :func:`link_traces`: per-second link capacity, Mbit/s (Mahimahi's cellular up/down links,
-  5Gophers' 5G downlinks);
+  5Gophers' 5G downlinks); :func:`mahimahi_technologies`: each Mahimahi trace's technology;
 - :func:`flash_users`: FLASH's 19 real FL-app users' up/down speed, mean and std, Mbit/s;
 - :func:`compute_scores`: AI-Benchmark scores of 333 phone models (relative compute);
 - :func:`read_client_table`, :func:`read_windows`: a user's own table (:mod:`.tables`).
@@ -35,6 +35,7 @@ __all__ = [
     "compute_scores",
     "flash_users",
     "link_traces",
+    "mahimahi_technologies",
     "read_client_table",
     "read_windows",
 ]
@@ -175,6 +176,19 @@ def link_traces(root: Path, source: str, direction: Literal["up", "down"]) -> li
     if not traces:
         raise InputError(f"{root / 'traces'}: no {source} traces for direction {direction!r}")
     return traces
+
+
+def mahimahi_technologies(root: Path, direction: Literal["up", "down"]) -> dict[str, str]:
+    """Each Mahimahi trace's radio technology (``summary.csv``'s ``technology``, lower case:
+    ``lte``, ``umts``, ``evdo``), by its :class:`Trace` name (``mahimahi/<trace>.<direction>``)."""
+    path = root / MAHIMAHI / "summary.csv"
+    rows = _read_csv(
+        path, {"trace": pl.String, "direction": pl.String, "technology": pl.String}
+    ).filter(pl.col("direction") == direction)
+    return {
+        f"mahimahi/{stem}.{direction}": tech.lower()
+        for stem, tech in zip(rows["trace"], rows["technology"], strict=True)
+    }
 
 
 def flash_users(root: Path) -> np.ndarray:
