@@ -20,6 +20,7 @@ CURVE_COLUMNS = {
     "global/loss": "global_loss",
     "model/sparsity": "model_sparsity",
     "time/sim_elapsed_s": "sim_elapsed_s",  # simulated seconds (runs with a system section only)
+    "energy/cum_j": "energy_cum_j",  # the clients' joules so far (system.energy only)
 }
 POINTS_METRICS = ("global_accuracy", "local_accuracy", "topk_accuracy", "model_sparsity")
 

@@ -13,7 +13,8 @@ Keys (flat, so a terminal of 200 columns holds a default experiment's table):
   down and up for each sampled client and round): 2.0 = half the bytes;
 - ``gib_to_<t>``: GiB (up + down) until ``evaluate.metric`` first reached target ``t``; null if it
   never did;
-- ``sim_h``: simulated hours of the run (runs with a ``train.system`` section only).
+- ``sim_h``: simulated hours of the run (runs with a ``train.system`` section only);
+- ``energy_j``: the joules its clients spent (runs with ``train.system.energy`` only).
 """
 
 from __future__ import annotations
@@ -65,4 +66,7 @@ def run_headline(
     hours = _get(summary, "sim", "elapsed_h")
     if hours is not None:
         out["sim_h"] = hours
+    joules = _get(summary, "energy", "total_j")
+    if joules is not None:
+        out["energy_j"] = joules
     return out

@@ -2,7 +2,8 @@
 
 - :func:`experiment_page`: an experiment's curves (the summarize stage's ``reports/curves``
   table) as one self-contained page: the evaluation metric against cumulative GiB, against the
-  round and, for runs with simulated time (a ``system`` section), against simulated hours; local
+  round and, for runs with simulated time (a ``system`` section), against simulated hours (with
+  ``system.energy``, against the clients' cumulative energy too); local
   accuracy against GiB when measured. One colour per run (the PNG plots' colours); a line is the
   mean over seeds with a ±1 standard-error band, computed as the PNG plots compute it
   (:func:`~fedcomm.reporting.plots.seed_curve`: the seeds are aligned on the round, the point
@@ -27,20 +28,24 @@ import polars as pl
 
 from fedcomm import atomic
 from fedcomm.config import CURVE_COLUMNS
-from fedcomm.evaluation.sim_time import HOUR_S, SIM_ELAPSED
+from fedcomm.evaluation.sim_time import SIM_ELAPSED
 from fedcomm.reporting.curves import curve_name
 from fedcomm.reporting.plots import (
+    CLOCKS,
+    ENERGY_KJ,
     SIM_HOURS,
     Curve,
     algorithm_styles,
+    clock_curve,
     metric_axis,
     seed_curve,
-    sim_time_curve,
     wide_span,
 )
 from fedcomm.reporting.vega_page import chart, dvc_plots_template, head, loader, versions
 
 SIM_COLUMN = CURVE_COLUMNS[SIM_ELAPSED]  # the curves table's simulated seconds
+ENERGY_COLUMN = CURVE_COLUMNS[CLOCKS[ENERGY_KJ][0]]  # the curves table's joules so far
+CLOCK_COLUMNS = {SIM_HOURS: SIM_COLUMN, ENERGY_KJ: ENERGY_COLUMN}  # a clock x: its curves column
 GIB_TITLE = "cumulative communication, up + down (GiB)"
 METHOD = (
     "Each thick line is a run's mean over its seeds with a shaded band of ±1 standard error "
@@ -55,6 +60,7 @@ SIM_METHOD = (
     " Against simulated time the seeds are aligned on the simulated clock (at each time, each "
     "seed's latest evaluation, as a step)."
 )
+ENERGY_METHOD = " Against the clients' energy the seeds are aligned on their joules the same way."
 
 
 def _per_seed(curves: pl.DataFrame, run: str, columns: Sequence[str]) -> list[pl.DataFrame]:
@@ -74,8 +80,9 @@ def seed_bands(curves: pl.DataFrame, metric: str, x: str) -> pl.DataFrame:
         curves: the long curves table (``run``, ``seed``, ``round`` and metric columns).
         metric: the y column.
         x: ``round``, ``cum_gib`` (seeds aligned on the round, the point at their mean x:
-            :func:`~fedcomm.reporting.plots.seed_curve`) or ``sim_hours`` (seeds aligned on the
-            simulated clock: :func:`~fedcomm.reporting.plots.sim_time_curve`).
+            :func:`~fedcomm.reporting.plots.seed_curve`), ``sim_hours`` or ``energy_kj`` (seeds
+            aligned on the simulated clock or their clients' joules:
+            :func:`~fedcomm.reporting.plots.clock_curve`).
 
     Returns:
         Columns ``run``, ``x``, ``mean``, ``se`` (0 with one seed), ``seeds`` in the metric's
@@ -84,9 +91,10 @@ def seed_bands(curves: pl.DataFrame, metric: str, x: str) -> pl.DataFrame:
     frames = []
     for run in sorted(set(curves["run"].to_list())):
         curve: Curve
-        if x == SIM_HOURS:
-            tables = _per_seed(curves, run, [SIM_COLUMN, metric])
-            curve = sim_time_curve([t.rename({SIM_COLUMN: SIM_ELAPSED}) for t in tables], metric)
+        if x in CLOCKS:
+            own = CLOCK_COLUMNS[x]
+            tables = _per_seed(curves, run, [own, metric])
+            curve = clock_curve([t.rename({own: CLOCKS[x][0]}) for t in tables], metric, x)
         else:
             tables = _per_seed(curves, run, list(dict.fromkeys(["round", x, metric])))
             curve = seed_curve(tables, metric, x)
@@ -113,7 +121,7 @@ def _chart_rows(curves: pl.DataFrame, metric: str, x: str, scale: float) -> list
         ((pl.col("mean") - pl.col("se")) * scale).alias("lo"),
         ((pl.col("mean") + pl.col("se")) * scale).alias("hi"),
     )
-    own_x = pl.col(SIM_COLUMN) / HOUR_S if x == SIM_HOURS else pl.col(x)
+    own_x = pl.col(CLOCK_COLUMNS[x]) / CLOCKS[x][1] if x in CLOCKS else pl.col(x)
     seeds = (
         curves.select("run", "seed", own_x.cast(pl.Float64).alias("x"), pl.col(metric) * scale)
         .with_columns(pl.col(metric).cast(pl.Float64).fill_nan(None).alias("y"))
@@ -244,6 +252,10 @@ def experiment_page(
     if sim:
         hours = "simulated time (h)"
         panels.append((SIM_HOURS, column, axis, scale, f"{name} against {hours[:-4]}", hours, ""))
+    energy = _has_values(curves, ENERGY_COLUMN)
+    if energy:
+        kj = "the clients' cumulative energy (kJ)"
+        panels.append((ENERGY_KJ, column, axis, scale, f"{name} against {kj[:-5]}", kj, ""))
     if column != "local_accuracy":
         title_local = "Local accuracy against communication"
         panels.append(("cum_gib", "local_accuracy", local, 100.0, title_local, GIB_TITLE, ".3~g"))
@@ -262,10 +274,10 @@ def experiment_page(
             x_format=x_format,
             colours=colours,
             log_x=x != "round" and wide_span(xs),  # as the PNG plots
-            steps=x == SIM_HOURS,
+            steps=x in CLOCKS,
         )
         charts.append(chart(spec, f"chart-{len(charts)}"))
-    method = METHOD.format(sim=SIM_METHOD if sim else "")
+    method = METHOD.format(sim=(SIM_METHOD if sim else "") + (ENERGY_METHOD if energy else ""))
     over = "rounds, communication and simulated time" if sim else "rounds and communication"
     return "\n".join(
         [

@@ -1,11 +1,13 @@
-"""Accuracy curves against communication (GiB), rounds and simulated time, one line per algorithm.
+"""Accuracy curves against communication (GiB), rounds, simulated time and the clients' energy, one
+line per algorithm.
 
 Seeds of an algorithm are aligned on ``round`` and drawn as their mean with a shaded ±1
 standard-error band. Only rounds every seed evaluated are kept, so the mean never jumps where a
 seed drops out (if the seeds share no round, every evaluated round is kept). Colours and markers
 follow the sorted algorithm labels, so the same set of algorithms looks the same in every plot.
 Against simulated time (runs with a ``system`` section) seeds are aligned on the simulated clock
-instead (:func:`sim_time_curve`), and that panel sits beside the GiB one.
+instead (:func:`sim_time_curve`), and that panel sits beside the GiB one; against the clients'
+cumulative energy (runs with ``system.energy``) likewise on their joules (:func:`energy_curve`).
 
 Figures are built with :class:`matplotlib.figure.Figure` (no pyplot global state) and written
 through a temporary file and an atomic rename.
@@ -23,7 +25,9 @@ from matplotlib.figure import Figure
 
 from fedcomm.atomic import atomic_path
 from fedcomm.evaluation.sim_time import HOUR_S, SIM_ELAPSED
+from fedcomm.evaluation.sim_time import has_energy as run_has_energy
 from fedcomm.evaluation.sim_time import has_sim_time as run_has_sim_time
+from fedcomm.system.energy import CUM_J
 
 GIB_COLUMN = "comm/cum_gib"
 _PALETTE = (
@@ -202,22 +206,23 @@ def _panel(
     legend: bool = True,
 ) -> bool:
     """One curve per algorithm against ``x`` on ``ax`` (colours by :func:`algorithm_styles`);
-    True when anything was drawn. ``x == SIM_HOURS`` aligns the seeds on the simulated clock
-    (:func:`sim_time_curve`), any other ``x`` on the round (:func:`seed_curve`)."""
+    True when anything was drawn. ``x`` a clock (:data:`CLOCKS`: ``SIM_HOURS``, ``ENERGY_KJ``)
+    aligns the seeds on it (:func:`clock_curve`), any other ``x`` on the round
+    (:func:`seed_curve`)."""
     ylabel, scale = metric_axis(metric)
     styles = algorithm_styles(list(runs))
     all_x: list[float] = []
     for label in sorted(runs):
-        if x == SIM_HOURS:
-            curve = sim_time_curve(runs[label], metric)
+        if x in CLOCKS:
+            curve = clock_curve(runs[label], metric, x)
         else:
             curve = seed_curve(runs[label], metric, x)
         if curve.x:
-            _draw_curve(ax, curve, label, styles[label], scale, steps=x == SIM_HOURS)
+            _draw_curve(ax, curve, label, styles[label], scale, steps=x in CLOCKS)
             all_x.extend(curve.x)
     if not all_x:
         ax.text(0.5, 0.5, f"no {metric} measured", ha="center", va="center", transform=ax.transAxes)
-    elif x in (GIB_COLUMN, SIM_HOURS) and wide_span(all_x):
+    elif (x == GIB_COLUMN or x in CLOCKS) and wide_span(all_x):
         ax.set_xscale("log")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(True, which="major", alpha=0.35)
@@ -264,6 +269,8 @@ def plot_accuracy_vs_round(
 
 
 SIM_HOURS = "sim_hours"  # the x of the simulated-time panel: SIM_ELAPSED / 3600
+ENERGY_KJ = "energy_kj"  # the x of the energy panel: the clients' joules so far / 1000
+CLOCKS = {SIM_HOURS: (SIM_ELAPSED, HOUR_S), ENERGY_KJ: (CUM_J, 1e3)}  # x: (column, its unit)
 
 
 def has_sim_time(runs: Runs) -> bool:
@@ -271,8 +278,24 @@ def has_sim_time(runs: Runs) -> bool:
     return any(run_has_sim_time(t) for tables in runs.values() for t in tables)
 
 
+def has_energy(runs: Runs) -> bool:
+    """True when any seed of any run has the clients' joules (``system.energy``)."""
+    return any(run_has_energy(t) for tables in runs.values() for t in tables)
+
+
 def sim_time_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
-    """Seeds aligned on the simulated clock, reduced to mean and SE of ``metric``.
+    """Seeds aligned on the simulated clock (:func:`clock_curve`), ``x`` in simulated hours."""
+    return clock_curve(tables, metric, SIM_HOURS)
+
+
+def energy_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
+    """Seeds aligned on their clients' cumulative energy (:func:`clock_curve`), ``x`` in kJ."""
+    return clock_curve(tables, metric, ENERGY_KJ)
+
+
+def clock_curve(tables: Sequence[pl.DataFrame], metric: str, x: str) -> Curve:
+    """Seeds aligned on a clock that each seed runs at its own pace (:data:`CLOCKS`: the
+    simulated time, the clients' cumulative energy), reduced to mean and SE of ``metric``.
 
     Seeds of one run reach a round at different simulated times (each draws its own clients'
     links, compute and availability), so they are not averaged by round: at every time ``t`` at
@@ -280,24 +303,28 @@ def sim_time_curve(tables: Sequence[pl.DataFrame], metric: str) -> Curve:
     (a step function: what that seed's model scored at time ``t``). Only times from the last
     seed's first evaluation to the first seed's last evaluation are kept, so every point
     averages every seed (one seed: all its evaluations); if the seeds share no such span, every
-    time is kept and each point averages the seeds that had evaluated by then.
+    time is kept and each point averages the seeds that had evaluated by then. Energy is
+    aligned the same way.
 
     Args:
-        tables: one rounds table per seed (``round``, ``time/sim_elapsed_s`` and ``metric``).
+        tables: one rounds table per seed (``round``, the clock's column and ``metric``).
         metric: the y column.
+        x: ``SIM_HOURS`` (``time/sim_elapsed_s``) or ``ENERGY_KJ`` (``energy/cum_j``).
 
     Returns:
-        The :class:`Curve` with ``x`` in simulated hours (empty when no seed has both columns).
+        The :class:`Curve` with ``x`` in the clock's unit (simulated hours, kJ; empty when no
+        seed has both columns).
     """
+    column, unit = CLOCKS[x]
     parts = [
         t.select(
-            (pl.col(SIM_ELAPSED).cast(pl.Float64) / HOUR_S).alias("t"),
+            (pl.col(column).cast(pl.Float64) / unit).alias("t"),
             pl.col(metric).cast(pl.Float64).fill_nan(None).alias("y"),
         )
         .drop_nulls()
         .sort("t")
         for t in tables
-        if metric in t.columns and SIM_ELAPSED in t.columns
+        if metric in t.columns and column in t.columns
     ]
     parts = [p for p in parts if p.height]
     if not parts:
@@ -357,6 +384,23 @@ def plot_accuracy_vs_gib_and_sim_time(
     right.set_ylabel("")
     fig.suptitle(title or f"{name}: communication and simulated time")
     save_figure(fig, path)
+
+
+def plot_accuracy_vs_energy(
+    runs: Runs, path: Path, *, metric: str = ACCURACY, title: str | None = None
+) -> None:
+    """``metric`` against the clients' cumulative energy (kJ: every sampled client's download,
+    local work and upload, :func:`energy_curve`), with ±1 SE bands over seeds; a PNG at
+    ``path``. For runs with ``system.energy``."""
+    name = metric_axis(metric)[0].removesuffix(" (%)")
+    _plot(
+        runs,
+        path,
+        metric=metric,
+        x=ENERGY_KJ,
+        xlabel="Cumulative client energy (kJ): radios and local work, dropped clients included",
+        title=title or f"{name} vs the clients' energy (each seed's latest evaluation)",
+    )
 
 
 def _plot_against(

@@ -1,6 +1,7 @@
 """The markdown sections every summary shares: best accuracy within communication budgets and
 upload caps, upload per client per round, and the rounds, GiB and time to reach targets; for
-runs with a ``system`` section, their simulated clock and accuracy within simulated-time budgets.
+runs with a ``system`` section, their simulated clock and accuracy within simulated-time budgets,
+and with ``system.energy`` the joules their clients spent.
 
 Used by the summarize stage (:mod:`fedcomm.stages.summarize`) and by cross-experiment comparisons
 (:mod:`fedcomm.reporting.compare`); both pass per-run lists of seed summaries.
@@ -107,9 +108,12 @@ def budget_and_target_sections(
     simulated = any("sim" in a for a in aggs.values())
     if simulated:
         sections += sim_time_sections(aggs, summaries, metric)
+    energy = any("energy" in a for a in aggs.values())
+    if energy:
+        sections.append(energy_section(aggs, summaries))
     targets = sorted({t for a in aggs.values() for t in a.get("to_target", {})}, key=float)
     if targets:
-        sections.append(_targets_section(aggs, summaries, metric, targets, simulated))
+        sections.append(_targets_section(aggs, summaries, metric, targets, simulated, energy))
     return sections
 
 
@@ -119,21 +123,29 @@ def _targets_section(
     metric: str,
     targets: list[str],
     simulated: bool,
+    energy: bool = False,
 ) -> str:
     """Round, GiB, post-hoc time-to-accuracy and (runs with a ``system`` section) simulated
-    hours to each target; the seeds that never reached it are left out of the mean."""
+    hours to each target (with ``system.energy``: the clients' kJ); the seeds that never reached
+    it are left out of the mean."""
     keys = ["round", "gib", "tta_s", *(["sim_h"] if simulated else [])]
+    keys += ["energy_j"] if energy else []
     header = "| Run | Target | Seeds reaching | Round | GiB | Time-to-accuracy (s) |"
+    header += " Simulated time (h) |" if simulated else ""
     rows = [
-        header + (" Simulated time (h) |" if simulated else ""),
-        "|---|---:|---:|---:|---:|---:|" + ("---:|" if simulated else ""),
+        header + (" Energy (kJ) |" if energy else ""),
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * (simulated + energy),
     ]
     for run, agg in aggs.items():
         for t in targets:
             node = agg.get("to_target", {}).get(t) or {}
             reached = (node.get("round") or {}).get("n", 0)
             vals = [
-                _fmt((node.get(k) or {}).get("mean"), (node.get(k) or {}).get("se"), False)
+                _fmt(
+                    _scaled((node.get(k) or {}).get("mean"), k),
+                    _scaled((node.get(k) or {}).get("se"), k),
+                    False,
+                )
                 for k in keys
             ]
             rows.append(
@@ -156,7 +168,17 @@ def _targets_section(
             "the first round that reached the target: each client's links, compute, "
             "availability and the round's deadline, as trained)."
         )
+    if energy:
+        text += (
+            " **Energy (kJ)** is the joules all sampled clients had spent by then (`energy/cum_j`: "
+            "their downloads, local work and uploads, dropped clients included)."
+        )
     return f"## Reaching a target {metric}\n\n{text}\n\n" + "\n".join(rows)
+
+
+def _scaled(value: Any, key: str) -> Any:
+    """Joules shown in kJ; anything else as it is."""
+    return value / 1e3 if key == "energy_j" and value is not None else value
 
 
 _SIM_COLUMNS = (
@@ -226,6 +248,46 @@ def sim_time_sections(
             "simulated clock.\n\n" + budgets
         )
     return out
+
+
+_ENERGY_COLUMNS = (  # key of a summary's `energy` node, header, scale (None: a percentage)
+    ("total_j", "Energy (kJ)", 1e-3),
+    ("round_j_mean", "Round, mean (J)", 1.0),
+    ("down_j", "Download (kJ)", 1e-3),
+    ("compute_j", "Compute (kJ)", 1e-3),
+    ("up_j", "Upload (kJ)", 1e-3),
+    ("dropped_share", "Spent by dropped (%)", None),
+)
+
+
+def energy_section(
+    aggs: dict[str, dict[str, Any]], summaries: dict[str, list[dict[str, Any]]]
+) -> str:
+    """The joules the clients of runs with ``system.energy`` spent (mean ± SE over seeds): the
+    whole run, per round, its download, compute and upload parts, and the share spent by
+    clients that were dropped. Runs without show ``–``."""
+    rows = ["| Run | Seeds | " + " | ".join(h for _, h, _ in _ENERGY_COLUMNS) + " |"]
+    rows.append("|---|---:|" + "---:|" * len(_ENERGY_COLUMNS))
+    for run, agg in aggs.items():
+        node = agg.get("energy") or {}
+        cells = []
+        for key, _, scale in _ENERGY_COLUMNS:
+            got = node.get(key)
+            leaf: dict[str, Any] = got if isinstance(got, dict) else {}
+            if scale is None:
+                cells.append(_sim_cell(leaf, True))
+                continue
+            mean, se = leaf.get("mean"), leaf.get("se")
+            shown = {"mean": None if mean is None else mean * scale, "se": se and se * scale}
+            cells.append(_sim_cell(shown, False))
+        rows.append(f"| `{run}` | {len(summaries[run])} | " + " | ".join(cells) + " |")
+    return (
+        "## Energy\n\n"
+        "The joules the `system.energy` model charges the clients (docs/system.md, Energy): each "
+        "sampled client's download and upload (J/bit and active power of its link's radio, "
+        "then its tail) and local work (J/FLOP), dropped clients for what they did until the "
+        "round closed; mean ± standard error over seeds.\n\n" + "\n".join(rows)
+    )
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ import polars as pl
 from fedcomm.atomic import write_text
 from fedcomm.evaluation.seeds import aggregate_seeds
 from fedcomm.reporting.plots import (
+    has_energy,
     has_sim_time,
     metric_axis,
+    plot_accuracy_vs_energy,
     plot_accuracy_vs_gib,
     plot_accuracy_vs_gib_and_sim_time,
     plot_accuracy_vs_round,
@@ -47,6 +49,8 @@ SIM_PLOT = (
     "accuracy_vs_gib_and_sim_time.png",
     "Global accuracy vs communication and vs simulated time",
 )
+# only when the runs have the clients' energy (``system.energy``)
+ENERGY_PLOT = ("accuracy_vs_energy.png", "Global accuracy vs the clients' energy")
 
 
 def _leaf(aggregated: Mapping[str, Any], path: tuple[str, str]) -> Mapping[str, Any]:
@@ -199,7 +203,8 @@ def write_report(
 
     Returns:
         The written paths: the three plots (four when the runs have simulated time: accuracy
-        against GiB beside accuracy against simulated hours), then ``summary.md``.
+        against GiB beside accuracy against simulated hours; five with the clients' energy:
+        accuracy against it), then ``summary.md``.
     """
     plot_dir = out_dir / "plots"
     gib_global, gib_local, by_round = (plot_dir / name for name, _ in PLOTS)
@@ -212,6 +217,11 @@ def write_report(
         plot_accuracy_vs_gib_and_sim_time(per_algorithm_rounds, sim_plot, metric=metric)
         plots.insert(1, SIM_PLOT)
         written.append(sim_plot)
+    if has_energy(per_algorithm_rounds):
+        energy_plot = plot_dir / ENERGY_PLOT[0]
+        plot_accuracy_vs_energy(per_algorithm_rounds, energy_plot, metric=metric)
+        plots.insert(2, ENERGY_PLOT)
+        written.append(energy_plot)
     label = metric_axis(metric)[0].removesuffix(" (%)")  # "Top-k accuracy"
     captions = [c.replace("Global accuracy", label) for _, c in plots]
     markdown = render_markdown(

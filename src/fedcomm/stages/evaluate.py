@@ -16,10 +16,12 @@ from fedcomm.config import Params
 from fedcomm.evaluation.headline import run_headline
 from fedcomm.evaluation.rebuild import trained_structure
 from fedcomm.evaluation.round_time import LinkModel
+from fedcomm.evaluation.sim_time import has_energy
 from fedcomm.evaluation.summaries import summarize_run
 from fedcomm.evaluation.traffic import upload_ratios
 from fedcomm.models.progressive import dense_numel
 from fedcomm.reporting.plots import (
+    plot_accuracy_vs_energy,
     plot_accuracy_vs_gib,
     plot_accuracy_vs_gib_and_sim_time,
     plot_accuracy_vs_round,
@@ -160,7 +162,8 @@ def _is_float(v: str) -> bool:
 
 def run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
     """This run's curves: global and local accuracy vs cumulative GiB, global accuracy vs round,
-    and with a ``system`` section global accuracy vs GiB beside simulated hours."""
+    with a ``system`` section global accuracy vs GiB beside simulated hours, and with
+    ``system.energy`` global accuracy vs the clients' cumulative energy."""
     out.mkdir(parents=True, exist_ok=True)
     runs = {name: [rounds]}
     paths = [
@@ -182,4 +185,7 @@ def run_plots(name: str, rounds: pl.DataFrame, out: Path) -> list[Path]:
         plot_accuracy_vs_gib_and_sim_time(
             runs, paths[-1], title=f"{name}: global accuracy vs communication and simulated time"
         )
+    if has_energy(rounds):  # system.energy: the clients' joules too
+        paths.append(out / "accuracy_vs_energy.png")
+        plot_accuracy_vs_energy(runs, paths[-1], title=f"{name}: global accuracy vs energy")
     return paths

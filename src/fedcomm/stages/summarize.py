@@ -16,8 +16,10 @@ Runs with a ``system`` section (simulated time) also get, recomputed here from e
 seed's rounds table: a "Simulated time" section (simulated hours, clients per round), the best
 accuracy within each ``evaluate.time_budgets_h``, the simulated hours to each target, the plot
 of accuracy against GiB beside accuracy against simulated hours, ``sim`` and
-``at_time_budget_h`` in ``summary.json`` and the ``sim_elapsed_s`` column in ``curves.csv``.
-Without simulated time every output is what it was before.
+``at_time_budget_h`` in ``summary.json`` and the ``sim_elapsed_s`` column in ``curves.csv``. With
+``system.energy`` also the clients' joules: an "Energy" section, the joules to each target, the
+plot of accuracy against cumulative energy, ``energy`` in ``summary.json`` and ``energy_cum_j``
+in ``curves.csv``. Without simulated time every output is what it was before.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ OVER_SEEDS = {  # reports/summary.json: per run, these keys of each section (mea
     ),
     "best": ("global/accuracy", "global/accuracy_round", "local/accuracy"),
     "sim": ("elapsed_h", "round_s_mean", "dropped_share"),  # runs with a `system` section only
+    "energy": ("total_j", "round_j_mean", "dropped_share"),  # runs with `system.energy` only
 }
 ALWAYS = ("final", "best")  # the other OVER_SEEDS sections only when a run has them
 

@@ -6,7 +6,8 @@ named by the key's part before its last ``/`` and sorted by name (unprefixed key
 x-axis and layout are kept per browser and run, out of the API's reach. So each round's
 accuracies are logged a second time at a traffic step (:func:`traffic_series`):
 ``accuracy_vs_KiB/global`` (``local``, ``topk``) at step = the cumulative traffic in KiB, and
-``accuracy_vs_sim_s/...`` at step = simulated seconds with a ``train.system`` section; their
+``accuracy_vs_sim_s/...`` at step = simulated seconds with a ``train.system`` section (and
+``accuracy_vs_energy_J/...`` at step = the clients' joules so far with its ``energy``); their
 sections sort before ``comm``, ``global``, ... and come first. (Its *Configure charts* menu can
 also put every chart on the x-axis metric ``comm/cum_gib``.)
 
@@ -50,6 +51,7 @@ from fedcomm.errors import interrupts_deferred
 
 TRAFFIC_SECTION = "accuracy_vs_KiB"  # accuracy at step = cumulative KiB (up + down)
 SIM_SECTION = "accuracy_vs_sim_s"  # accuracy at step = simulated seconds (train.system)
+ENERGY_SECTION = "accuracy_vs_energy_J"  # accuracy at step = the clients' joules (system.energy)
 ACCURACIES = {"global/accuracy": "global", "local/accuracy": "local", "topk/accuracy": "topk"}
 
 VIEW_ID = "fedcomm-accuracy-vs-traffic"
@@ -86,14 +88,21 @@ def traffic_series(metrics: Mapping[str, float | None]) -> list[tuple[str, float
     """``(key, value, step)`` of a round's accuracies (``global``, ``local``, ``topk``) logged a
     second time with a traffic step: ``accuracy_vs_KiB/<name>`` at step = the run's cumulative
     traffic so far (``comm/cum_bytes``, up + down) in KiB, and, with a ``train.system`` section,
-    ``accuracy_vs_sim_s/<name>`` at step = its simulated seconds (``time/sim_elapsed_s``).
+    ``accuracy_vs_sim_s/<name>`` at step = its simulated seconds (``time/sim_elapsed_s``) and,
+    with its ``energy``, ``accuracy_vs_energy_J/<name>`` at step = its clients' joules so far
+    (``energy/cum_j``).
 
     MLflow's charts draw a metric against its step by default (the run page's only default), so
     these draw accuracy against traffic where ``global/accuracy`` draws it against rounds; MLflow
-    steps are integers, hence KiB and whole seconds. The sections' names sort before every other
-    (``comm``, ``global``, an algorithm's ...): they are the run page's first charts."""
+    steps are integers, hence KiB, whole seconds and whole joules. The sections' names sort
+    before every other (``comm``, ``global``, an algorithm's ...): they are the run page's first
+    charts."""
     out: list[tuple[str, float, int]] = []
-    for section, axis in ((TRAFFIC_SECTION, "comm/cum_bytes"), (SIM_SECTION, "time/sim_elapsed_s")):
+    for section, axis in (
+        (TRAFFIC_SECTION, "comm/cum_bytes"),
+        (SIM_SECTION, "time/sim_elapsed_s"),
+        (ENERGY_SECTION, "energy/cum_j"),
+    ):
         x = metrics.get(axis)
         if x is None or not math.isfinite(float(x)):
             continue

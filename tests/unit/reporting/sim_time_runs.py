@@ -4,6 +4,10 @@ six rounds, evaluated at rounds 2, 4 and 6, with or without the ``system`` colum
 Seed 0's simulated rounds last 600, 900, 1200, 600, 1800 and 900 s (elapsed after rounds 2, 4
 and 6: 1500, 3300 and 6000 s); seed 1's last twice as long (3000, 6600, 12000 s). ``fedavg``
 evaluates 0.30, 0.55, 0.50 (seed 0) and 0.40, 0.60, 0.65 (seed 1); ``fedprox`` 0.05 more.
+
+With ``energy`` (``system.energy``'s columns) seed 0's clients spend 100, 200, 300, 100, 200 and
+300 J a round (cumulative after rounds 2, 4 and 6: 300, 600 and 1200 J), a tenth of it by dropped
+clients, split 20% download, 50% compute, 30% upload; seed 1's three times as much.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ ACCURACY = {0: [0.30, 0.55, 0.50], 1: [0.40, 0.60, 0.65]}
 SHIFT = {"fedavg": 0.0, "fedprox": 0.05}
 FINISHED = [8, 7, 6, 8, 5, 7]  # of 10 sampled, 9 online each round
 PARTIAL = [1, 0, 2, 0, 1, 0]
+ROUND_J = {0: [100.0, 200.0, 300.0, 100.0, 200.0, 300.0]}
+ROUND_J[1] = [3 * j for j in ROUND_J[0]]
 
 
-def rounds_table(run: str, seed: int, *, system: bool) -> pl.DataFrame:
-    """One seed's rounds table (the columns the train stage writes, ``system`` ones optional)."""
+def rounds_table(run: str, seed: int, *, system: bool, energy: bool = False) -> pl.DataFrame:
+    """One seed's rounds table (the columns the train stage writes, ``system`` ones optional,
+    ``energy`` ones too)."""
     n = 6
     acc = [None, ACCURACY[seed][0], None, ACCURACY[seed][1], None, ACCURACY[seed][2]]
     acc = [None if a is None else a + SHIFT[run] for a in acc]
@@ -57,12 +64,28 @@ def rounds_table(run: str, seed: int, *, system: bool) -> pl.DataFrame:
             "system/dropped": [10.0 - f for f in FINISHED],
             "system/partial": [float(p) for p in PARTIAL],
         }
+    if energy:
+        joules = ROUND_J[seed]
+        data |= {
+            "energy/round_j": joules,
+            "energy/down_j": [0.2 * j for j in joules],
+            "energy/compute_j": [0.5 * j for j in joules],
+            "energy/up_j": [0.3 * j for j in joules],
+            "energy/dropped_j": [0.1 * j for j in joules],
+            "energy/cum_j": [sum(joules[: i + 1]) for i in range(n)],
+        }
     frame = pl.DataFrame(data)
     return frame.with_columns(pl.col("round").cast(pl.Int32), pl.exclude("round").cast(pl.Float64))
 
 
 def write_runs(
-    paths: Paths, runs: list[str], seeds: list[int], *, system: bool, **options: Any
+    paths: Paths,
+    runs: list[str],
+    seeds: list[int],
+    *,
+    system: bool,
+    energy: bool = False,
+    **options: Any,
 ) -> None:
     """Each run and seed's ``train/rounds.parquet`` and the evaluate stage's ``summary.json``
     (:func:`summarize_run` of those rounds with ``options``: budgets, targets...)."""
@@ -70,12 +93,23 @@ def write_runs(
     clients = pl.DataFrame(schema={"round": pl.Int32, "client_id": pl.Int32, "train_s": pl.Float64})
     for run in runs:
         for seed in seeds:
-            rounds = rounds_table(run, seed, system=system)
+            rounds = rounds_table(run, seed, system=system, energy=energy)
             train = paths.train_dir(run, seed)
             train.mkdir(parents=True, exist_ok=True)
             rounds.write_parquet(train / "rounds.parquet")
             summary = summarize_run(rounds, ledger, clients, **options)
             (paths.run_dir(run, seed) / "summary.json").write_text(json.dumps(summary))
+
+
+def report_line(text: str, start: str) -> str:
+    """The first line of a markdown report that starts with ``start``."""
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def curve_column(reports: Path, run: str, seed: int, column: str) -> list[float]:
+    """``column`` of ``reports/curves.csv`` for one run and seed, in round order."""
+    curves = pl.read_csv(reports / "curves.csv")
+    return curves.filter((pl.col("run") == run) & (pl.col("seed") == seed))[column].to_list()
 
 
 def tree(root: Path) -> list[str]:

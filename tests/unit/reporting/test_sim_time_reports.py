@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -29,7 +30,13 @@ from fedcomm.stages.paths import Paths
 from fedcomm.stages.summarize import summarize_stage
 from fedcomm.stages.train import train_stage
 from tests.conftest import tiny_params
-from tests.unit.reporting.sim_time_runs import rounds_table, tree, write_runs
+from tests.unit.reporting.sim_time_runs import (
+    curve_column,
+    report_line,
+    rounds_table,
+    tree,
+    write_runs,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "sim_time_absent"
 RUNS = ["fedavg", "fedprox"]
@@ -120,7 +127,9 @@ def test_the_run_clock_and_client_counts() -> None:
 
 
 def test_summarize_stage_reports_accuracy_against_simulated_time(project: Path) -> None:
-    options = {"budgets_gib": [0.0001], "targets": [0.5], "time_budgets_h": [1.0, 2.0]}
+    options: dict[str, Any] = {
+        "budgets_gib": [0.0001], "targets": [0.5], "time_budgets_h": [1.0, 2.0]
+    }  # fmt: skip
     write_runs(Paths(), RUNS, [0, 1], system=True, **options)
     written = summarize_stage(_params(**{"evaluate.time_budgets_h": [0.25, 1.0, 2.0]}))
     reports = project / "reports"
@@ -141,12 +150,9 @@ def test_summarize_stage_reports_accuracy_against_simulated_time(project: Path) 
     # targets: both clocks, and which is which; 0.5 after 3300 s and 6600 s = 1.375 ± 0.4583 h
     assert "| Time-to-accuracy (s) | Simulated time (h) |" in text
     assert "**Time-to-accuracy (s)** is the post-hoc model of `evaluate.link`" in text
-    row = next(line for line in text.splitlines() if line.startswith("| `fedavg` | 50%"))
-    assert row.endswith("| 1.375 ± 0.46 |")
+    assert report_line(text, "| `fedavg` | 50%").endswith("| 1.375 ± 0.46 |")
     assert "![Global accuracy vs communication and vs simulated time]" in text
-    curves = pl.read_csv(reports / "curves.csv")
-    seed1 = curves.filter((pl.col("run") == "fedavg") & (pl.col("seed") == 1))
-    assert seed1["sim_elapsed_s"].to_list() == [3000.0, 6600.0, 12000.0]
+    assert curve_column(reports, "fedavg", 1, "sim_elapsed_s") == [3000.0, 6600.0, 12000.0]
 
 
 def test_seeds_are_aligned_on_the_simulated_clock() -> None:
