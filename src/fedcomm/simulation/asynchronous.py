@@ -46,7 +46,8 @@ from fedcomm.algorithms.core import FedAlgorithm, Uplink
 from fedcomm.errors import InputError
 from fedcomm.simulation.backends import Turn
 from fedcomm.simulation.rounds import Encoded, Round
-from fedcomm.simulation.timed import SystemRun, Timed, client_row, time_turn
+from fedcomm.simulation.timed import SystemRun, Timed, charge, client_row, time_turn
+from fedcomm.system import energy
 from fedcomm.system import population as pop
 from fedcomm.system.config import (
     ConstantStaleness,
@@ -145,6 +146,7 @@ class Played:
     online: int  # online at the round's start
     round_s: float
     staleness: dict[int, int]  # client id -> τ of the arrivals
+    energy: energy.RoundEnergy | None = None  # the step's joules (system.energy only)
 
 
 def play_round(
@@ -220,12 +222,21 @@ def play_round(
         if len(buffer) < shape.buffer_size:
             fill(now)
     staleness = {f.client_id: version - f.version for f in buffer}
+    charged: list[tuple[energy.ClientEnergy, bool]] = []
     for f in buffer:
+        joules = charge(sim, f.timed)
         rnd.send_up(f.client_id, f.encoded.payload, f.version)
-        rnd.take(f.turn, f.encoded, _row(f, "aggregated", staleness[f.client_id]))
-    for f, sent in dropped:
-        rnd.cut(f.turn, f.encoded.payload, sent, _row(f, "dropped", version - f.version), f.version)
-    return Played(buffer, dropped, len(started), online, now - start_s, staleness)
+        rnd.take(f.turn, f.encoded, _row(f, "aggregated", staleness[f.client_id], joules))
+        charged += [(joules, False)] if joules is not None else []
+    for f, sent in dropped:  # charged for what it did until its limit
+        joules = charge(sim, f.timed, stop_s=policy.deadline_s)
+        row = _row(f, "dropped", version - f.version, joules)
+        rnd.cut(f.turn, f.encoded.payload, sent, row, f.version)
+        charged += [(joules, True)] if joules is not None else []
+    spent = None
+    if sim.energy is not None:
+        spent = energy.round_energy(charged, energy.spent_j(rnd.state.round_rows))
+    return Played(buffer, dropped, len(started), online, now - start_s, staleness, spent)
 
 
 def weigh(
@@ -279,6 +290,7 @@ def round_metrics(played: Played, in_flight: int, start_s: float) -> dict[str, f
         "system/in_flight": float(in_flight),
         "system/staleness_mean": float(np.mean(taus)) if taus else None,
         "system/staleness_max": float(max(taus)) if taus else None,
+        **(played.energy.metrics() if played.energy is not None else {}),
     }
 
 
@@ -298,10 +310,11 @@ def _sent_by(sim: SystemRun, f: InFlight, at_s: float) -> int:
     return min(f.encoded.payload.nbits().total, int(sent))
 
 
-def _row(f: InFlight, status: str, tau: int) -> dict[str, Any]:
-    """A client's row: its simulated part (seconds from its own start), its version and τ."""
+def _row(f: InFlight, status: str, tau: int, joules: energy.ClientEnergy | None) -> dict[str, Any]:
+    """A client's row: its simulated part (seconds from its own start; its joules under
+    ``system.energy``), its version and τ."""
     return {
-        **client_row(f.timed, status),
+        **client_row(f.timed, status, energy=joules),
         "version": f.version,
         "staleness": tau,
         "sim_start_s": f.start_s,

@@ -362,11 +362,6 @@ class SystemConfig(_Strict):
     def _energy_techs(self) -> SystemConfig:
         if self.energy is None:
             return self
-        if self.policy.aggregation != "sync":  # (simulation/asynchronous.py charges nothing yet)
-            raise ValueError(
-                f"energy is charged under aggregation sync only (policy.aggregation is "
-                f"{self.policy.aggregation!r}): drop energy, or use sync rounds"
-            )
         given = self.energy.radios
         for direction in ("down", "up"):
             tech = getattr(self.energy.links, direction)

@@ -256,9 +256,39 @@ def test_bad_energy_settings_name_the_key_the_value_and_what_is_allowed(
         SystemConfig.model_validate({"energy": raw})
 
 
-def test_asynchronous_aggregation_is_refused_until_it_charges_energy() -> None:
-    with pytest.raises(ValidationError, match=r"energy is charged under aggregation sync only"):
-        _system(_energy(), aggregation="fedbuff")
+def test_an_asynchronous_server_charges_each_arrival_and_each_dropped_client() -> None:
+    free = _run(_system(None, aggregation="fedbuff", concurrency=4, buffer_size=2), rounds=3)
+    took = sorted(c["sim_finish_s"] for c in free.state.client_rows)
+    limit = took[len(took) // 2]  # some clients past it are dropped
+    res = _run(
+        _system(_energy(), aggregation="fedbuff", concurrency=4, buffer_size=2, deadline_s=limit),
+        rounds=3,
+    )
+    rows = res.state.client_rows
+    assert {c["status"] for c in rows} == {"aggregated", "dropped"}
+    for c in rows:
+        rnd = c["round"]
+        down_bits, _ = _bits(res, c["version"] + 1, c["client_id"], "down")  # its start's round
+        _, up_bits = _bits(res, rnd, c["client_id"], "up")
+        work = c["num_examples"] * EXAMPLE_FLOPS
+        if c["status"] == "aggregated":  # whole, as a synchronous client
+            assert c["energy_j"] == (
+                1e-8 * down_bits + 1.5 * (down_bits / 2e6) + 1.0 + work * J_PER_FLOP
+                + 4e-8 * up_bits + 1.5 * (up_bits / 0.5e6) + 1.0
+            )  # fmt: skip
+        else:  # stopped at its limit: less than the whole
+            assert 0 < c["energy_j"] < (
+                1e-8 * down_bits + 1.5 * (down_bits / 2e6) + 1.0 + work * J_PER_FLOP
+                + 4e-8 * up_bits + 1.5 * (up_bits / 0.5e6) + 1.0
+            )  # fmt: skip
+    before = 0.0
+    for row in res.state.round_rows:
+        mine = [c for c in rows if c["round"] == row["round"]]
+        assert row["energy/round_j"] == sum((c["energy_j"] for c in mine), 0.0)
+        dropped = [c["energy_j"] for c in mine if c["status"] == "dropped"]
+        assert row["energy/dropped_j"] == sum(dropped, 0.0)
+        assert row["energy/cum_j"] == before + row["energy/round_j"]
+        before = row["energy/cum_j"]
 
 
 def test_fivegophers_links_need_5g_numbers() -> None:
