@@ -36,6 +36,7 @@ refuses the others by name (:func:`refuse`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +47,9 @@ from fedcomm.algorithms.core import FedAlgorithm, Uplink
 from fedcomm.errors import InputError
 from fedcomm.simulation.backends import Turn
 from fedcomm.simulation.rounds import Encoded, Round
-from fedcomm.simulation.timed import SystemRun, Timed, charge, client_row, time_turn
-from fedcomm.system import energy
-from fedcomm.system import population as pop
+from fedcomm.simulation.synchronous import sent_by
+from fedcomm.simulation.timed import SystemRun, Timed, charge, client_row, fitted, reports
+from fedcomm.system import energy, selection
 from fedcomm.system.config import (
     ConstantStaleness,
     HingeStaleness,
@@ -117,6 +118,8 @@ class InFlight:
     timed: Timed  # its time from its start (down, compute, up)
     version: int  # the global model it trained on (server steps before its start)
     start_s: float  # simulated seconds since the run began
+    limit_s: float = math.inf  # from its start: deadline_s, or its departure if earlier
+    leave_s: float = math.inf  # from its start: when it goes offline (check: interval)
 
     @property
     def client_id(self) -> int:
@@ -125,6 +128,21 @@ class InFlight:
     @property
     def arrival_s(self) -> float:
         return self.start_s + self.timed.time.finish_s
+
+    @property
+    def late(self) -> bool:
+        """It will not arrive by its limit (dropped at ``start_s + limit_s``)."""
+        return self.timed.time.finish_s > self.limit_s
+
+    @property
+    def event_s(self) -> float:
+        """When it next matters: its arrival, or its limit if that comes first."""
+        return self.start_s + self.limit_s if self.late else self.arrival_s
+
+    @property
+    def departed(self) -> bool:
+        """Late because it went offline first (before its deadline)."""
+        return self.late and self.leave_s <= self.limit_s
 
 
 @dataclass
@@ -175,16 +193,17 @@ def play_round(
         online = sim.population.online(seed, number, at_s, draws)
         busy = started | {f.client_id for f in flight.clients}
         idle = [c for c in online if c not in busy and rnd.run.data.train[c].num_examples]
-        chosen = pop.cohort(seed, number, idle, free, draws)
+        chosen = selection.choose(policy, rnd.state.selection, seed, number, idle, free, draws)
         draws += 1
         if chosen and policy.aggregation == "fedasync" and version not in flight.versions:
             flight.versions[version] = {k: v.detach().clone() for k, v in global_params().items()}
         for turn in rnd.turns(chosen):
+            cid = turn.client_id
             down_bits = rnd.send_down(turn, version)
-            enc = rnd.encode(turn)
-            t = time_turn(sim, turn, enc, down_bits, rnd.run.local, at_s)
-            flight.clients.append(InFlight(turn, enc, t, version, at_s))
-            started.add(turn.client_id)
+            t = fitted(sim, rnd, turn, down_bits, at_s)
+            limit, leave = sim.limit_s(cid, at_s), sim.leave_s(cid, at_s)
+            flight.clients.append(InFlight(turn, t.encoded, t, version, at_s, limit, leave))
+            started.add(cid)
 
     online = len(sim.population.online(seed, number, start_s))  # the round's first draw
     fill(start_s)
@@ -205,15 +224,11 @@ def play_round(
             fill(now)
             continue
         idle_runs = 0
-        now = min(_event_s(f, policy.deadline_s) for f in flight.clients)
-        due = sorted(
-            (f for f in flight.clients if _event_s(f, policy.deadline_s) == now),
-            key=lambda f: f.client_id,
-        )
+        now = min(f.event_s for f in flight.clients)
+        due = sorted((f for f in flight.clients if f.event_s == now), key=lambda f: f.client_id)
         for f in due:
-            late = policy.deadline_s is not None and f.timed.time.finish_s > policy.deadline_s
-            if late:
-                dropped.append((f, _sent_by(sim, f, now)))
+            if f.late:
+                dropped.append((f, sent_by(sim, f.timed, f.start_s, now - f.start_s)))
             elif len(buffer) < shape.buffer_size:
                 buffer.append(f)
             else:
@@ -229,10 +244,11 @@ def play_round(
         rnd.take(f.turn, f.encoded, _row(f, "aggregated", staleness[f.client_id], joules))
         charged += [(joules, False)] if joules is not None else []
     for f, sent in dropped:  # charged for what it did until its limit
-        joules = charge(sim, f.timed, stop_s=policy.deadline_s)
-        row = _row(f, "dropped", version - f.version, joules)
+        joules = charge(sim, f.timed, stop_s=f.limit_s)
+        row = _row(f, "departed" if f.departed else "dropped", version - f.version, joules)
         rnd.cut(f.turn, f.encoded.payload, sent, row, f.version)
         charged += [(joules, True)] if joules is not None else []
+    selection.observe(rnd.state.selection, reports([f.timed for f in buffer]), number)
     spent = None
     if sim.energy is not None:
         spent = energy.round_energy(charged, energy.spent_j(rnd.state.round_rows))
@@ -275,10 +291,19 @@ def forget(flight: Flight) -> None:
         del flight.versions[v]
 
 
-def round_metrics(played: Played, in_flight: int, start_s: float) -> dict[str, float | None]:
+def round_metrics(
+    played: Played, in_flight: int, start_s: float, sim: SystemRun
+) -> dict[str, float | None]:
     """The round's ``time/sim_*`` and ``system/*`` metrics (``system/staleness_*``: the
-    aggregated uploads' τ)."""
+    aggregated uploads' τ; ``system/departed`` and ``system/uplink_setting`` as a synchronous
+    round's)."""
     taus = list(played.staleness.values())
+    extra: dict[str, float | None] = {}
+    if sim.cfg.policy.check == "interval":
+        extra["system/departed"] = float(sum(f.departed for f, _ in played.dropped))
+    if sim.ladder is not None:
+        sent = [f.timed.setting for f in played.arrived if f.timed.setting is not None]
+        extra["system/uplink_setting"] = sum(sent) / len(sent) if sent else None
     return {
         "time/sim_round_s": played.round_s,
         "time/sim_elapsed_s": start_s + played.round_s,
@@ -290,24 +315,9 @@ def round_metrics(played: Played, in_flight: int, start_s: float) -> dict[str, f
         "system/in_flight": float(in_flight),
         "system/staleness_mean": float(np.mean(taus)) if taus else None,
         "system/staleness_max": float(max(taus)) if taus else None,
+        **extra,
         **(played.energy.metrics() if played.energy is not None else {}),
     }
-
-
-def _event_s(f: InFlight, deadline_s: float | None) -> float:
-    """When ``f`` next matters: its arrival, or its time limit if that comes first."""
-    if deadline_s is None or f.timed.time.finish_s <= deadline_s:
-        return f.arrival_s
-    return f.start_s + deadline_s
-
-
-def _sent_by(sim: SystemRun, f: InFlight, at_s: float) -> int:
-    """Uplink bits a dropped client had sent at ``at_s`` (``cut_uplink: partial``)."""
-    if sim.cfg.policy.cut_uplink == "not_sent":
-        return 0
-    up = sim.population.up[f.client_id]
-    sent = up.bits_between(f.start_s + f.timed.time.up_start_s, at_s)
-    return min(f.encoded.payload.nbits().total, int(sent))
 
 
 def _row(f: InFlight, status: str, tau: int, joules: energy.ClientEnergy | None) -> dict[str, Any]:

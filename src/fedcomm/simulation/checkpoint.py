@@ -37,6 +37,8 @@ class RunState:
     # asynchronous aggregation: the clients in flight and the model versions they hold
     # (:class:`fedcomm.simulation.asynchronous.Flight`); None in synchronous rounds
     flight: Any = None
+    # Oort's knowledge of the clients (:class:`fedcomm.system.oort.Arms`); None: uniform
+    selection: Any = None
 
 
 def save(state: RunState, path: Path) -> None:

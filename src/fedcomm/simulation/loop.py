@@ -17,18 +17,18 @@ Per round ``r`` (1-based):
    log one batch of metrics; checkpoint when due.
 
 Steps 2-3 are a :class:`~fedcomm.simulation.rounds.Round`'s: the loop (or, under a ``system``
-section, :func:`fedcomm.simulation.timed.play_round`) asks it to train, record, encode and take
-each client; steps 4-5 read what it gathered. Step 3 runs on the configured backend
+section, :func:`fedcomm.simulation.synchronous.play_round`) asks it to train, record, encode and
+take each client; steps 4-5 read what it gathered. Step 3 runs on the configured backend
 (:mod:`fedcomm.simulation.backends`): ``sequential`` reuses one model object for every client
 (parameters passed explicitly, never deep-copied into per-client modules); ``vectorized`` trains
 the cohort as one batched computation. Both hand back the clients in cohort order, so the rest
 of the round is the same code. Under ``train.system.policy.aggregation: fedbuff | fedasync`` a
 round is one asynchronous server step instead (:mod:`fedcomm.simulation.asynchronous`: clients
 in flight across rounds, their deltas weighed by staleness). Beside this file: ``start.py``
-(round 0 of a fresh run), ``rounds.py`` (the round), ``timed.py`` (the clients timed and the
-round settled under a ``system`` section), ``asynchronous.py``, ``local_eval.py`` (the client
-store, local accuracy), ``divergence.py``, ``round_metrics.py`` (comm, loss and density),
-``global_eval.py``.
+(round 0 of a fresh run), ``rounds.py`` (the round), ``timed.py`` (the clients timed under a
+``system`` section), ``synchronous.py`` (the timed round settled), ``asynchronous.py``,
+``fitting.py`` (``fit_deadline``), ``local_eval.py`` (the client store, local accuracy),
+``divergence.py``, ``round_metrics.py`` (comm, loss and density), ``global_eval.py``.
 """
 
 from __future__ import annotations
@@ -48,11 +48,20 @@ from torch import nn
 from fedcomm.algorithms.core import FedAlgorithm, RoundContext, Uplink, split_members
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.codecs import Compressor
+from fedcomm.comm.compressors.config import CompressorConfig
 from fedcomm.comm.ledger import Ledger
 from fedcomm.errors import Interrupted, interrupts_deferred, stopping
 from fedcomm.models.progressive import dense_numel
 from fedcomm.seeding import Stream, numpy_rng, torch_generator
-from fedcomm.simulation import asynchronous, checkpoint, device, local_eval, shard, timed
+from fedcomm.simulation import (
+    asynchronous,
+    checkpoint,
+    device,
+    local_eval,
+    shard,
+    synchronous,
+    timed,
+)
 from fedcomm.simulation.backends import Backend
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.divergence import DivergenceError
@@ -65,6 +74,7 @@ from fedcomm.simulation.round_metrics import (
 )
 from fedcomm.simulation.rounds import Round, RunParts
 from fedcomm.simulation.start import initial_state
+from fedcomm.system import selection
 from fedcomm.system.config import SystemConfig
 from fedcomm.types import ParamDict
 
@@ -100,6 +110,7 @@ class LoopConfig:
     on_divergence: str = "stop"  # "stop" | "skip" a diverged client (see DivergenceError)
     divergence_loss: float = 1e6
     system: SystemConfig | None = None  # simulated time; None: none, as without a system section
+    codec: CompressorConfig | None = None  # the uplink codec's config (system fit_deadline's)
     data_root: Path | None = None  # where system's real traces are read
 
 
@@ -197,6 +208,14 @@ def _run(
     if algorithm.prepare_model is not None:
         model = algorithm.prepare_model(model, cfg.seed).to(dev)
     shape = _asynchronous(cfg, algorithm, data, sharded)
+    sim = (  # (its inputs checked before anything trains)
+        None
+        if cfg.system is None
+        else timed.SystemRun.build(
+            cfg.system, model, data, cfg.seed, cfg.data_root,
+            sparse=algorithm.execution.sparse_compute, codec=cfg.codec,
+        )
+    )  # fmt: skip
     state = _start(cfg, algorithm, model, data, dev, mark, config_hash, checkpoint_path, resume)
     shard.barrier(sharded)  # every rank has read the checkpoint before rank 0 writes one
     writes = sharded is None or sharded.writes
@@ -216,20 +235,13 @@ def _run(
         algorithm, model, data, compressor, backend, cfg.local, cfg.seed, cfg.eval_batch_size,
         cfg.on_divergence, cfg.divergence_loss, dense_numel(model), evaluates=writes,
     )  # fmt: skip
-    sim = (
-        None
-        if cfg.system is None
-        else timed.SystemRun.build(
-            cfg.system,
-            model,
-            data,
-            cfg.seed,
-            cfg.data_root,
-            sparse=algorithm.execution.sparse_compute,
-        )
-    )
     if shape is not None and state.flight is None:  # (a resumed run keeps its own)
         state.flight = asynchronous.Flight()
+    if sim is not None and state.selection is None:  # Oort's arms (None: uniform)
+        sizes = [d.num_examples for d in data.train]
+        state.selection = selection.start(
+            sim.cfg.policy, sim.population, sim.cost, sizes, cfg.local
+        )
     for round_ in range(state.round_ + 1, cfg.rounds + 1):
         mark.at = round_
         t_round = time.perf_counter()
@@ -331,7 +343,7 @@ def _play_round(
     local_due = round_ % cfg.local_eval_every == 0 or round_ == cfg.rounds
     rnd = Round(parts, round_, state, ledger, ctx, local_due)
     start_s = timed.elapsed_s(state.round_rows)  # simulated seconds before this round (system only)
-    settled: timed.Settled | None = None
+    settled: synchronous.Settled | None = None
     played: asynchronous.Played | None = None
     weigh = None
     if sim is not None and shape is not None:  # one asynchronous server step
@@ -350,8 +362,10 @@ def _play_round(
             rnd.send_up(turn.client_id, enc.payload)
             rnd.take(turn, enc, {})
     else:  # K(1 + f) among the clients online now, timed from their bits and work, then settled
-        cohort, online = sim.cohort(cfg.seed, round_, start_s, cfg.clients_per_round)
-        settled = timed.play_round(sim, rnd, cohort, cfg.clients_per_round, start_s)
+        cohort, online = sim.cohort(
+            cfg.seed, round_, start_s, cfg.clients_per_round, state.selection
+        )
+        settled = synchronous.play_round(sim, rnd, cohort, cfg.clients_per_round, start_s)
     if not rnd.uplinks and (sim is None or rnd.skipped):
         raise DivergenceError(
             f"round {round_}: every client diverged ({len(rnd.skipped)} skipped). "
@@ -371,9 +385,9 @@ def _play_round(
         "time/server_s": server_s,
     }  # fmt: skip
     if settled is not None:
-        metrics.update(timed.round_metrics(settled, len(cohort), online, start_s))
-    if played is not None:
-        metrics.update(asynchronous.round_metrics(played, len(state.flight.clients), start_s))
+        metrics.update(synchronous.round_metrics(settled, len(cohort), online, start_s, sim))
+    if played is not None and sim is not None:
+        metrics.update(asynchronous.round_metrics(played, len(state.flight.clients), start_s, sim))
     if rnd.skipped:
         metrics["train/diverged_clients"] = float(len(rnd.skipped))
     if local_due and parts.evaluates:  # 5. local accuracy

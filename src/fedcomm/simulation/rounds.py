@@ -110,14 +110,15 @@ class Round:
         (turn,) = self.turns([client_id], local)
         return turn
 
-    def encode(self, turn: Turn) -> Encoded:
-        """``turn``'s uplink through the run's compressor (its seconds: the turn's and these)."""
+    def encode(self, turn: Turn, compressor: Compressor | None = None) -> Encoded:
+        """``turn``'s uplink through the run's compressor, or ``compressor`` (another setting of
+        it: ``fit_deadline``'s rungs), from the client's compressor state (its seconds: the
+        turn's and these)."""
         t0 = time.perf_counter()
+        comp = compressor if compressor is not None else self.run.compressor
         record = self.state.clients.get(turn.client_id)
-        comp_in = record.compressor_state if record is not None else self.run.compressor.init()
-        payload, comp_state = self.run.compressor.encode(
-            turn.result.uplink, comp_in, turn.generator, self.number
-        )
+        comp_in = record.compressor_state if record is not None else comp.init()
+        payload, comp_state = comp.encode(turn.result.uplink, comp_in, turn.generator, self.number)
         return Encoded(payload, comp_state, turn.seconds + time.perf_counter() - t0)
 
     # -- the ledger -------------------------------------------------------------------------

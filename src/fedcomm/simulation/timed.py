@@ -1,30 +1,19 @@
-"""The round under a ``system`` section (simulated time): clients timed from their encoded bits and
-their local work, the round settled by the deadline and over-selection.
+"""Clients under a ``system`` section (simulated time): each one's round timed from its encoded
+bits and its local work, on its own links and phone.
 
-Every sampled client is trained and encoded as always; here each client's messages and work
-become simulated seconds (:mod:`fedcomm.system.clock`), and :func:`settle` decides who is
-aggregated: the first ``K`` to finish within the deadline. A straggler is dropped, or under
-``stragglers: partial`` trained again for the local steps that fit before the deadline and
-aggregated if its new uplink then makes it. Dropped clients keep their state from before the
-round: the server never saw their work.
-
-:func:`play_round` is the loop's client steps under simulated time: it asks the round
-(:class:`~fedcomm.simulation.rounds.Round`) to train, record and encode every client, settles
-the round, then has the round take the accepted clients and cut the dropped ones' uplinks
-(``not_sent`` / ``partial``, with a ``dropped`` client row).
-
-Under ``system.energy`` each client's round is also charged in joules
-(:mod:`fedcomm.system.energy`; :func:`charge`): its client row gets the energy columns, the
-round its ``energy/*`` metrics (every sampled client, the dropped ones for what they did until the
-round closed).
+:class:`SystemRun` holds the run's drawn clients and its model's FLOPs; :func:`time_turn` turns a
+trained, encoded client into seconds (:mod:`fedcomm.system.clock`); :func:`fitted` encodes and
+times it at the codec setting ``compression: fit_deadline`` picks; :func:`charge` its joules
+under ``system.energy`` (:mod:`fedcomm.system.energy`); :func:`client_row` its simulated part of
+the client row. The synchronous round built on them is :mod:`.synchronous`, the asynchronous
+server :mod:`.asynchronous`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +21,17 @@ from typing import Any
 from torch import nn
 
 from fedcomm.algorithms.core.local import LocalConfig
+from fedcomm.comm.compressors.config import CompressorConfig, NoCompressor
+from fedcomm.simulation import fitting
 from fedcomm.simulation.backends import Turn
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.rounds import Encoded, Round
-from fedcomm.system import energy
+from fedcomm.system import energy, selection
 from fedcomm.system import population as pop
-from fedcomm.system.clock import ClientTime, batch_sizes, client_time, decide, steps_that_fit
+from fedcomm.system.clock import ClientTime, batch_sizes, client_time
 from fedcomm.system.config import SystemConfig
 from fedcomm.system.flops import WeightCost, example_flops, forward_flops
+from fedcomm.system.oort import Arms
 
 
 @dataclass(frozen=True)
@@ -51,6 +43,7 @@ class SystemRun:
     cost: WeightCost
     sparse: bool  # the algorithm's sparse_compute: weights charged by their nonzero fraction
     energy: energy.EnergyModel | None = None  # system.energy's (None: no energy computed)
+    ladder: fitting.Ladder | None = None  # compression fit_deadline's settings (None: fixed)
 
     @classmethod
     def build(
@@ -62,12 +55,18 @@ class SystemRun:
         root: Path | None,
         *,
         sparse: bool = False,
+        codec: CompressorConfig | None = None,
     ) -> SystemRun:
+        """``codec``: the run's uplink codec, whose setting ``fit_deadline`` varies."""
         source = next(d for d in data.train if d.num_examples)
         cost = forward_flops(model, source.x[:1])
         clients = pop.draw(cfg, data.num_clients, seed, root)
         joules = None if cfg.energy is None else energy.build(cfg, clients, seed, root)
-        return cls(cfg, clients, cost, sparse, joules)
+        fit = cfg.policy.compression
+        ladder = None
+        if fit.kind == "fit_deadline":
+            ladder = fitting.ladder(codec or NoCompressor(), fit.ladder)
+        return cls(cfg, clients, cost, sparse, joules, ladder)
 
     def example_flops(self, turn: Turn) -> float:
         """Training FLOPs of one example of ``turn``'s client (system/flops.py)."""
@@ -77,10 +76,27 @@ class SystemRun:
         """``K(1 + f)``, rounded up, at most every client."""
         return min(self.population.size, math.ceil(k * (1 + self.cfg.policy.over_selection)))
 
-    def cohort(self, seed: int, round_: int, at_s: float, k: int) -> tuple[list[int], int]:
-        """The round's sampled clients among the online ones, and how many were online."""
+    def cohort(
+        self, seed: int, round_: int, at_s: float, k: int, arms: Arms | None = None
+    ) -> tuple[list[int], int]:
+        """The round's sampled clients among the online ones (``policy.selection``; ``arms``:
+        Oort's), and how many were online."""
         online = self.population.online(seed, round_, at_s)
-        return pop.cohort(seed, round_, online, self.sample_size(k)), len(online)
+        chosen = selection.choose(self.cfg.policy, arms, seed, round_, online, self.sample_size(k))
+        return chosen, len(online)
+
+    def leave_s(self, client: int, at_s: float) -> float:
+        """Seconds from ``at_s`` until ``client`` goes offline (``inf`` unless ``policy.check``
+        is ``interval``)."""
+        if self.cfg.policy.check == "start":
+            return math.inf
+        return self.population.offline_at(client, at_s) - at_s
+
+    def limit_s(self, client: int, at_s: float) -> float:
+        """Seconds from ``at_s`` by which ``client``'s upload must arrive: the deadline, or its
+        departure if earlier (``inf``: neither)."""
+        deadline = self.cfg.policy.deadline_s
+        return min(math.inf if deadline is None else deadline, self.leave_s(client, at_s))
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,7 @@ class Timed:
     time: ClientTime
     sizes: tuple[int, ...]  # the sizes of the local minibatches it ran
     work_flops: float | None = None  # FLOPs of those minibatches (None: compute_s x its FLOP/s)
+    setting: float | None = None  # fit_deadline: the codec setting its uplink was sent at
 
 
 def time_turn(
@@ -120,99 +137,27 @@ def time_turn(
     return Timed(turn, encoded, down_bits, t, tuple(sizes), work)
 
 
-@dataclass(frozen=True)
-class Settled:
-    """The round's outcome: who is aggregated (cohort order) and the round's length."""
+def fitted(
+    sim: SystemRun,
+    rnd: Round,
+    turn: Turn,
+    down_bits: int,
+    start_s: float,
+    steps: int | None = None,
+) -> Timed:
+    """``turn`` encoded and timed: through the run's codec, or under ``fit_deadline`` at the
+    mildest setting whose upload arrives by its limit (:mod:`fedcomm.simulation.fitting`)."""
+    local = rnd.run.local
+    if sim.ladder is None:
+        return time_turn(sim, turn, rnd.encode(turn), down_bits, local, start_s, steps)
 
-    accepted: list[Timed]
-    partial: frozenset[int]  # accepted after partial work
-    dropped: list[tuple[Timed, int]]  # with the uplink bits sent before the round closed
-    round_s: float
-    energy: energy.RoundEnergy | None = None  # its joules (system.energy only)
+    def finish_s(enc: Encoded) -> float:
+        return time_turn(sim, turn, enc, down_bits, local, start_s, steps).time.finish_s
 
-
-Retrain = Callable[[Timed, int], Timed]  # a straggler, the local steps that fit -> retimed
-
-
-def settle(
-    sim: SystemRun, timed: Sequence[Timed], k: int, start_s: float, retrain: Retrain
-) -> Settled:
-    """The first ``k`` to finish within the deadline; stragglers retrained under ``partial``."""
-    policy = sim.cfg.policy
-    deadline = policy.deadline_s
-    if not timed:  # nobody online: the server waits
-        return Settled([], frozenset(), [], deadline or policy.idle_s)
-    decision = decide([t.time for t in timed], k, deadline)
-    chosen = {t.turn.client_id: t for t in timed if t.turn.client_id in decision.accepted}
-    partial: set[int] = set()
-    if policy.stragglers == "partial" and deadline is not None and len(chosen) < k:
-        late = sorted(
-            (t for t in timed if t.time.finish_s > deadline), key=lambda t: t.turn.client_id
-        )
-        redone = [r for r in (_partial(sim, t, deadline, retrain) for t in late) if r]
-        for r in sorted(redone, key=lambda r: (r.time.finish_s, r.turn.client_id)):
-            if len(chosen) == k:
-                break
-            chosen[r.turn.client_id] = r
-            partial.add(r.turn.client_id)
-    round_s = decision.round_s if not partial else float(deadline or decision.round_s)
-    accepted = [chosen[t.turn.client_id] for t in timed if t.turn.client_id in chosen]
-    dropped = [
-        (t, _sent_by(sim, t, start_s, round_s)) for t in timed if t.turn.client_id not in chosen
-    ]
-    return Settled(accepted, frozenset(partial), dropped, round_s)
-
-
-def _partial(sim: SystemRun, t: Timed, deadline: float, retrain: Retrain) -> Timed | None:
-    """``t`` retrained for the steps that fit before ``deadline`` (its full upload's time
-    reserved), if any fit and the new upload makes it."""
-    per_example = sim.example_flops(t.turn) / float(sim.population.flops_per_s[t.turn.client_id])
-    budget = deadline - 2 * t.time.latency_s - t.time.down_s - t.time.up_s
-    fits = min(len(t.sizes) - 1, steps_that_fit(t.sizes, per_example, budget))
-    if fits < 1:
-        return None
-    redone = retrain(t, fits)
-    return redone if redone.time.finish_s <= deadline else None
-
-
-def _sent_by(sim: SystemRun, t: Timed, start_s: float, round_s: float) -> int:
-    """Uplink bits a dropped client had sent when the round closed (``cut_uplink: partial``;
-    0 under ``not_sent``)."""
-    if sim.cfg.policy.cut_uplink == "not_sent":
-        return 0
-    up = sim.population.up[t.turn.client_id]
-    sent = up.bits_between(start_s + t.time.up_start_s, start_s + round_s)
-    return min(t.encoded.payload.nbits().total, int(sent))
-
-
-def play_round(
-    sim: SystemRun, rnd: Round, cohort: Sequence[int], k: int, start_s: float
-) -> Settled:
-    """Round ``rnd`` under simulated time: every client of ``cohort`` trained, its downlink
-    recorded, its uplink encoded and timed from its bits and work; the round settled; then
-    each accepted client's uplink recorded and the client taken (cohort order, its client row
-    with its simulated part), each dropped one's uplink recorded as cut with a ``dropped`` row.
-    """
-    clocked: list[Timed] = []
-    for turn in rnd.turns(cohort):
-        down_bits = rnd.send_down(turn)
-        clocked.append(time_turn(sim, turn, rnd.encode(turn), down_bits, rnd.run.local, start_s))
-    settled = settle(sim, clocked, k, start_s, functools.partial(_retrain, sim, rnd, start_s))
-    charged: list[tuple[energy.ClientEnergy, bool]] = []
-    for t in settled.accepted:
-        rnd.send_up(t.turn.client_id, t.encoded.payload)
-        status = "partial_work" if t.turn.client_id in settled.partial else "aggregated"
-        joules = charge(sim, t)
-        rnd.take(t.turn, t.encoded, client_row(t, status, energy=joules))
-        charged += [(joules, False)] if joules is not None else []
-    for t, sent in settled.dropped:
-        joules = charge(sim, t, stop_s=settled.round_s)
-        rnd.cut(t.turn, t.encoded.payload, sent, client_row(t, "dropped", energy=joules))
-        charged += [(joules, True)] if joules is not None else []
-    if sim.energy is None:
-        return settled
-    spent = energy.round_energy(charged, energy.spent_j(rnd.state.round_rows))
-    return dataclasses.replace(settled, energy=spent)
+    limit = sim.limit_s(turn.client_id, start_s)
+    enc, value = fitting.fit(rnd, turn, sim.ladder, finish_s, limit)
+    t = time_turn(sim, turn, enc, down_bits, local, start_s, steps)
+    return dataclasses.replace(t, setting=value)
 
 
 def charge(sim: SystemRun, t: Timed, stop_s: float | None = None) -> energy.ClientEnergy | None:
@@ -231,13 +176,14 @@ def charge(sim: SystemRun, t: Timed, stop_s: float | None = None) -> energy.Clie
     )  # fmt: skip
 
 
-def _retrain(sim: SystemRun, rnd: Round, start_s: float, t: Timed, steps: int) -> Timed:
-    """A straggler's partial work: its client trained again for the first ``steps`` local
-    minibatches, encoded and timed (its downlink as before)."""
-    local = rnd.run.local
-    partial_local = LocalConfig(**{**local.model_dump(), "epochs": None, "steps": steps})
-    turn = rnd.retrain(t.turn.client_id, partial_local)
-    return time_turn(sim, turn, rnd.encode(turn), t.down_bits, local, start_s, steps)
+def reports(taken: Sequence[Timed]) -> list[tuple[int, int, float | None, float]]:
+    """What aggregated clients tell Oort: ``(client, examples, mean training loss, seconds
+    from its start to its finish)``."""
+    return [
+        (t.turn.client_id, t.turn.result.num_examples,
+         t.turn.result.metrics.get("train/loss"), t.time.finish_s)
+        for t in taken
+    ]  # fmt: skip
 
 
 def elapsed_s(round_rows: Sequence[Mapping[str, Any]]) -> float:
@@ -261,23 +207,6 @@ def client_row(
         "sim_compute_s": c.compute_s,
         "sim_up_s": c.up_s,
         "sim_finish_s": c.finish_s,
+        **({"uplink_setting": t.setting} if t.setting is not None else {}),
         **(energy.row() if energy is not None else {}),
-    }
-
-
-def round_metrics(
-    settled: Settled, sampled: int, online: int, start_s: float
-) -> dict[str, float | None]:
-    """The round's ``time/sim_*`` and ``system/*`` metrics, and its ``energy/*`` ones under
-    ``system.energy``."""
-    finished = len(settled.accepted)
-    return {
-        "time/sim_round_s": settled.round_s,
-        "time/sim_elapsed_s": start_s + settled.round_s,
-        "system/online": float(online),
-        "system/sampled": float(sampled),
-        "system/finished": float(finished),
-        "system/dropped": float(sampled - finished),
-        "system/partial": float(len(settled.partial)),
-        **(settled.energy.metrics() if settled.energy is not None else {}),
     }

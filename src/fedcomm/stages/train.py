@@ -238,6 +238,7 @@ def loop_config(params: Params, seed: int, run: str | None = None) -> loop.LoopC
         divergence_loss=t.divergence_loss,
         system=t.system,
         data_root=resolve_root(params.data.root) if t.system is not None else None,
+        codec=(params.algorithm(run).uplink if run is not None else None) or t.compressor,
     )
 
 

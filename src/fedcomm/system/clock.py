@@ -16,7 +16,7 @@ which owns the training).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,20 +125,34 @@ class Decision:
     round_s: float  # seconds from the round's start to its close
 
 
-def decide(times: Sequence[ClientTime], k: int, deadline_s: float | None) -> Decision:
-    """The first ``k`` clients to finish (ties by client id) among those within the deadline.
+def decide(
+    times: Sequence[ClientTime],
+    k: int,
+    deadline_s: float | None,
+    leaves_s: Mapping[int, float] | None = None,
+) -> Decision:
+    """The first ``k`` clients to finish (ties by client id) among those within the deadline
+    and, with ``leaves_s``, before they go offline (seconds from the round's start).
 
     The round closes at the last accepted client's finish when ``k`` made it (or every client
-    when fewer were sampled), else at the deadline, where the server stopped waiting.
+    when fewer were sampled), else at the deadline, where the server stopped waiting; without
+    a deadline, when every client has finished or left (a departure drops the connection, so
+    the server sees it).
     """
-    within = [t for t in times if deadline_s is None or t.finish_s <= deadline_s]
+
+    def limit(t: ClientTime) -> float:
+        own = math.inf if leaves_s is None else leaves_s.get(t.client_id, math.inf)
+        return min(own, math.inf if deadline_s is None else deadline_s)
+
+    within = [t for t in times if t.finish_s <= limit(t)]
     ranked = sorted(within, key=lambda t: (t.finish_s, t.client_id))[:k]
     wanted = min(k, len(times))
     if len(ranked) == wanted:
         close = max((t.finish_s for t in ranked), default=0.0)
-    else:
-        assert deadline_s is not None  # without a deadline every client is within it
+    elif deadline_s is not None:
         close = deadline_s
+    else:  # some left before finishing: the server waited for the rest
+        close = max(min(t.finish_s, limit(t)) for t in times)
     return Decision(frozenset(t.client_id for t in ranked), close)
 
 

@@ -34,6 +34,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fedcomm.system.diurnal import Diurnal
+from fedcomm.system.oort import OortConfig
 from fedcomm.system.radios import SOURCED
 
 
@@ -132,7 +134,40 @@ class AvailabilityTable(_Strict):
     kind: Literal["table"]
 
 
-Availability = Annotated[Probability | Windows | AvailabilityTable, Field(discriminator="kind")]
+Availability = Annotated[
+    Probability | Windows | AvailabilityTable | Diurnal, Field(discriminator="kind")
+]
+
+
+class UniformSelection(_Strict):
+    """``selection: {kind: uniform}``: the sampled clients drawn uniformly among the online."""
+
+    kind: Literal["uniform"]
+
+
+# who is sampled: uniformly, or by Oort's utility (system/oort.py)
+Selection = Annotated[UniformSelection | OortConfig, Field(discriminator="kind")]
+
+
+class FixedCompression(_Strict):
+    """``compression: {kind: fixed}``: every client's uplink through the run's codec as set."""
+
+    kind: Literal["fixed"]
+
+
+class FitDeadline(_Strict):
+    """``compression: {kind: fit_deadline, ladder: [...]}``: per client and round, the mildest
+    of these settings of the uplink codec's knob whose upload arrives by the deadline
+    (:mod:`fedcomm.simulation.fitting`)."""
+
+    kind: Literal["fit_deadline"]
+    ladder: list[float] = Field(
+        min_length=1, description="values of the codec's knob (DGC/STC density, FedPAQ levels, "
+        "LQ bits, SP keep), tried from the most bits to the fewest",
+    )  # fmt: skip
+
+
+Compression = Annotated[FixedCompression | FitDeadline, Field(discriminator="kind")]
 
 
 class ConstantStaleness(_Strict):
@@ -207,6 +242,22 @@ class PolicyConfig(_Strict):
         default_factory=lambda: PolynomialStaleness(kind="polynomial", a=0.5),
         description="fedbuff/fedasync: the weight s(τ) of an update τ server steps stale",
     )
+    selection: Selection = Field(
+        default_factory=lambda: UniformSelection(kind="uniform"),
+        description="who is sampled among the online clients: uniform, or oort (Lai et al. "
+        "2021: utility from the last loss, a penalty for slow clients, exploration)",
+    )
+    compression: Compression = Field(
+        default_factory=lambda: FixedCompression(kind="fixed"),
+        description="fixed: the run's codec as set; fit_deadline: each client's codec setting "
+        "the mildest of a ladder whose upload arrives by deadline_s on its own link",
+    )
+    check: Literal["start", "interval"] = Field(
+        "start",
+        description="availability checked when a client starts, or over its whole interval: "
+        "a client that goes offline before it finishes is dropped (stragglers: partial, its "
+        "steps that fit before it leaves), under availability windows or diurnal",
+    )
     mixing: float = Field(
         0.9, gt=0, le=1, description="fedasync: α, the new model is (1 - α s) w + α s w_client "
         "(APPFL's default 0.9)",
@@ -218,6 +269,15 @@ class PolicyConfig(_Strict):
             raise ValueError(
                 "stragglers must be 'drop' without a deadline (partial work fits a deadline; "
                 "set deadline_s)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fit_needs_deadline(self) -> PolicyConfig:
+        if self.compression.kind == "fit_deadline" and self.deadline_s is None:
+            raise ValueError(
+                "compression fit_deadline fits each upload to deadline_s, and deadline_s is "
+                "null: set deadline_s (under fedbuff/fedasync: a client's time limit)"
             )
         return self
 
@@ -356,6 +416,17 @@ class SystemConfig(_Strict):
         users = [k for k, v in kinds.items() if v == "table"]
         if users and self.table is None:
             raise ValueError(f"table must be set: {', '.join(users)} read kind 'table'")
+        return self
+
+    @model_validator(mode="after")
+    def _interval_needs_time(self) -> SystemConfig:
+        kind = self.availability.kind
+        if self.policy.check == "interval" and kind not in ("windows", "diurnal"):
+            raise ValueError(
+                f"policy.check is 'interval' and availability is kind {kind!r}, which draws who "
+                "is online once a round (nobody leaves mid-round): use availability windows or "
+                "diurnal, or check 'start'"
+            )
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ the same clock on both backends (the draws never touch torch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from fedcomm.errors import InputError
 from fedcomm.seeding import Stream, numpy_rng
-from fedcomm.system import tables, traces
+from fedcomm.system import diurnal, tables, traces
 from fedcomm.system.clock import Capacity
 from fedcomm.system.config import (
     AiBenchmark,
@@ -31,9 +32,10 @@ from fedcomm.system.config import (
     Uniform,
     Windows,
 )
+from fedcomm.system.diurnal import Diurnal
 
 # the population's quantities: their keys in the seed (never renumber)
-DOWN, UP, LATENCY, SPEED, ROWS, TRACE_DOWN, TRACE_UP = 1, 2, 3, 4, 5, 6, 7
+DOWN, UP, LATENCY, SPEED, ROWS, TRACE_DOWN, TRACE_UP, DIURNAL = 1, 2, 3, 4, 5, 6, 7, 8
 ONLINE, COHORT = 1, 2  # the per-round draws' first key
 
 
@@ -45,8 +47,9 @@ class Population:
     up: list[Capacity]
     latency_s: np.ndarray  # float64 [clients], per message
     flops_per_s: np.ndarray  # float64 [clients]
-    p_online: np.ndarray | None  # float64 [clients], or None with windows
+    p_online: np.ndarray | None  # float64 [clients], or None with windows or diurnal
     windows: tables.Windows | None
+    diurnal: diurnal.DiurnalClients | None = None
 
     @property
     def size(self) -> int:
@@ -55,12 +58,23 @@ class Population:
     def online(self, seed: int, round_: int, at_s: float, draw: int = 0) -> list[int]:
         """The clients online at simulated time ``at_s``: the start of round ``round_``, or its
         ``draw``-th later draw (an asynchronous server's starts during the round)."""
-        if self.windows is not None:
-            mask = self.windows.online_mask(np.arange(self.size), at_s)
+        if self.windows is not None or self.diurnal is not None:
+            days = self.windows if self.windows is not None else self.diurnal
+            assert days is not None
+            mask = days.online_mask(np.arange(self.size), at_s)
             return [int(c) for c in np.flatnonzero(mask)]
         assert self.p_online is not None
         u = numpy_rng(seed, Stream.SYSTEM, ONLINE, round_, *_later(draw)).random(self.size)
         return [int(c) for c in np.flatnonzero(u < self.p_online)]
+
+    def offline_at(self, client: int, at_s: float) -> float:
+        """When ``client``, online at simulated time ``at_s``, goes offline (``inf``: not before
+        the round is redrawn: a per-round probability has nobody leave mid-round)."""
+        if self.windows is not None:
+            return self.windows.offline_at(client, at_s)
+        if self.diurnal is not None:
+            return self.diurnal.offline_at(client, at_s)
+        return math.inf
 
 
 def cohort(seed: int, round_: int, online: list[int], k: int, draw: int = 0) -> list[int]:
@@ -120,8 +134,11 @@ def draw(cfg: SystemConfig, num_clients: int, seed: int, root: Path | None) -> P
     avail = cfg.availability
     p_online: np.ndarray | None = None
     windows: tables.Windows | None = None
+    days: diurnal.DiurnalClients | None = None
     if isinstance(avail, Windows):
         windows = tables.read_windows(avail.path)
+    elif isinstance(avail, Diurnal):
+        days = diurnal.draw(avail, num_clients, numpy_rng(seed, Stream.SYSTEM, 0, DIURNAL))
     elif isinstance(avail, AvailabilityTable):
         if table is None or table.availability is None:
             raise InputError(f"system.table {cfg.table}: no availability column")
@@ -137,6 +154,7 @@ def draw(cfg: SystemConfig, num_clients: int, seed: int, root: Path | None) -> P
         flops_per_s=speed * cfg.compute.reference_flops,
         p_online=p_online,
         windows=windows,
+        diurnal=days,
     )
 
 

@@ -4,6 +4,7 @@ with no spread in time and the buffer the round's cohort, FedBuff is the synchro
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,7 @@ def test_fedasync_one_client_at_a_time_fresh_and_alpha_one_is_the_synchronous_ru
 def test_staleness_is_what_the_clock_says() -> None:
     res = _run(_system(aggregation="fedbuff", concurrency=5, buffer_size=2), k=3, rounds=6)
     ends = [0.0] + [r["time/sim_elapsed_s"] for r in res.state.round_rows]
-    assert all(b >= a for a, b in zip(ends, ends[1:], strict=False))
+    assert all(b >= a for a, b in itertools.pairwise(ends))
     taus = []
     for c in res.state.client_rows:
         start, arrival = c["sim_start_s"], c["sim_start_s"] + c["sim_finish_s"]
@@ -249,6 +250,7 @@ def test_a_resumed_run_keeps_its_clients_in_flight(tmp_path: Path) -> None:
     resumed = _run(cfg, rounds=6, checkpoint_path=path)
     assert resumed.resumed_from == 4
     assert resumed.ledger.rows == whole.ledger.rows
+
     def simulated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:  # (train_s: wall time)
         return [{k: v for k, v in r.items() if k != "train_s"} for r in rows]
 
