@@ -40,7 +40,10 @@ BEGIN, END = "<!-- study:begin (pipeline/system_study_report.py) -->", "<!-- stu
 CONDITIONS = {  # build name -> what it is
     "system_study": "Mahimahi links, AI-Benchmark phones, no deadline",
     "system_study_deadline": "the same population, a 5 s deadline",
-    "system_study_uniform": "no deadline, every client on the median links (ablation)",
+    "system_study_uniform": "no deadline, every client on constant links at the traces' pooled "
+    "per-second medians (ablation)",
+    "system_study_uniform_pop": "no deadline, every client on constant links at the population's "
+    "median link (ablation)",
 }
 TARGET = 0.9
 LAST_K = 5
