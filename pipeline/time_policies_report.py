@@ -18,6 +18,7 @@ import argparse
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,13 +36,16 @@ IMG = ROOT / "docs/img"
 BEGIN, END = "<!-- results:begin (pipeline/time_policies_report.py) -->", "<!-- results:end -->"
 
 BUDGETS_H = (0.02, 0.05, 0.08)
+DENSITY = {"fixed25": "0.25"}  # a fixed arm's DGC density (the others: 0.01)
 TARGET = 0.85
-ARMS = ("sync", "fedbuff", "fit")
+ARMS = ("sync", "fedbuff", "fit", "fixed25")
 CONDITIONS = {  # the build-name prefix of each condition -> what it is
     "time_policies": "Mahimahi links, AI-Benchmark phones, a 5 s deadline (the registered arms)",
     "time_policies_median": "ablation (a): every client on constant links at the population's "
     "median link (5.03 down, 1.43 up Mbit/s)",
     "time_policies_k100": "ablation (b): FedBuff with a step every 100 arrivals",
+    "time_policies_d25": "ablation (c), added after the data: synchronous with DGC at a fixed "
+    "density of 0.25 for every client (fit's most common setting), against the main sync and fit",
 }
 ACCURACY, GIB = "global/accuracy", "comm/cum_gib"
 RENAMES = {
@@ -95,10 +99,14 @@ def load(data: Path) -> dict[str, dict[str, dict[int, pl.DataFrame]]]:
     """condition -> arm -> seed -> its curve, for the files present."""
     out: dict[str, dict[str, dict[int, pl.DataFrame]]] = {}
     for path in sorted(data.glob("*.csv")):
-        m = re.fullmatch(r"(time_policies(?:_median|_k100)?)_(sync|fedbuff|fit)_s(\d+)", path.stem)
+        m = re.fullmatch(
+            r"(time_policies(?:_median|_k100|_d25)?)_(sync|fedbuff|fit)_s(\d+)", path.stem
+        )
         if m is None:
             continue
         cond, arm, seed = m.group(1), m.group(2), int(m.group(3))
+        if cond == "time_policies_d25":  # its one arm: synchronous at a fixed density of 0.25
+            arm = "fixed25"
         out.setdefault(cond, {}).setdefault(arm, {})[seed] = pl.read_csv(path)
     return out
 
@@ -140,35 +148,45 @@ def table(arms: dict[str, dict[int, Seed]]) -> list[str]:
             mean_se([s.joules_at / 1e3 for s in seeds]),
             mean_se([s.joules_to / 1e3 for s in seeds]),
             mean_se([s.staleness for s in seeds]) if arm == "fedbuff" else "0",
-            mean_se([s.setting for s in seeds]) if arm == "fit" else "0.01",
+            mean_se([s.setting for s in seeds]) if arm == "fit" else DENSITY.get(arm, "0.01"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def compare(arms: dict[str, dict[int, Seed]], a: str, what: str, scale: float, unit: str,
-            pick: object) -> str:  # fmt: skip
-    """``a − sync`` of a measure, decided "> 0" by the paired rule."""
-    get = pick  # a Seed -> float
-    va = {s: get(x) for s, x in arms[a].items() if not math.isnan(get(x))}  # type: ignore[operator]
-    vb = {s: get(x) for s, x in arms["sync"].items() if not math.isnan(get(x))}  # type: ignore[operator]
+def compare(
+    arms: dict[str, dict[int, Seed]], a: str, what: str, scale: float, unit: str,
+    pick: Callable[[Seed], float], b: str = "sync",
+) -> str:  # fmt: skip
+    """``a − b`` of a measure, decided "> 0" by the paired rule."""
+    va = {s: pick(x) for s, x in arms[a].items() if not math.isnan(pick(x))}
+    vb = {s: pick(x) for s, x in arms[b].items() if not math.isnan(pick(x))}
     p = paired(va, vb, direction="greater", scale=scale)
     if p.mean is None or p.se is None or p.t is None:
-        return f"- {a} − sync, {what} > 0: {p.verdict} (n = {p.n})"
+        return f"- {a} − {b}, {what} > 0: {p.verdict} (n = {p.n})"
     d = shown_decimals(p.se, p.mean)
     return (
-        f"- {a} − sync, {what} > 0: {p.mean:+.{d}f} ± {p.se:.{d}f} {unit} "
+        f"- {a} − {b}, {what} > 0: {p.mean:+.{d}f} ± {p.se:.{d}f} {unit} "
         f"(t = {t_text(p.t)}, n = {p.n}): **{p.verdict}**"
     )
 
 
+def _acc_at(hours: float) -> Callable[[Seed], float]:
+    return lambda s: s.acc[hours]
+
+
 def comparisons(arms: dict[str, dict[int, Seed]], budgets: tuple[float, ...]) -> list[str]:
     out = []
+    if "fixed25" in arms:  # ablation (c), after the data: DGC at 0.25 for every client
+        return [
+            compare(arms, "fixed25", "acc@0.05 h", 100, "points", lambda s: s.acc[0.05]),
+            compare(arms, "fit", "acc@0.05 h", 100, "points", lambda s: s.acc[0.05], "fixed25"),
+        ]
     for a in ("fit", "fedbuff"):
         if a not in arms or "sync" not in arms:
             continue
-        for b in budgets:
-            out.append(compare(arms, a, f"acc@{b} h", 100, "points", lambda s, b=b: s.acc[b]))
+        for hours in budgets:
+            out.append(compare(arms, a, f"acc@{hours} h", 100, "points", _acc_at(hours)))
     if {"fit", "sync"} <= arms.keys() and budgets == BUDGETS_H:
         out.append(compare(arms, "fit", f"J to {int(TARGET * 100)}%", 1e-3, "kJ",
                            lambda s: s.joules_to))  # fmt: skip
@@ -185,6 +203,10 @@ def block(data: dict[str, dict[str, dict[int, pl.DataFrame]]]) -> str:
         arms = {
             arm: {s: measures(c) for s, c in seeds.items()} for arm, seeds in data[cond].items()
         }
+        main = data.get("time_policies", {})
+        for arm in ("sync", "fit") if cond == "time_policies_d25" else ("sync",):
+            if arm not in arms and arm in main:  # (b), (c): against the main arms
+                arms[arm] = {s: measures(c) for s, c in main[arm].items()}
         budgets = BUDGETS_H if cond == "time_policies" else (0.05,)
         out += [f"### `{cond}`: {what}", "", *table(arms), "", *comparisons(arms, budgets), ""]
         out += [f"![{cond}](img/{cond}.png)", f"![{cond} energy](img/{cond}_energy.png)", ""]

@@ -10,7 +10,7 @@ import pytest
 from fedcomm.algorithms import ALGORITHMS, CONFIGS, build_algorithm
 from fedcomm.algorithms.core import Execution, FedAlgorithm
 
-HINTS = {"client_job", "unbatched", "sparse_compute"}
+HINTS = {"client_job", "unbatched", "sparse_compute", "delta_uplink"}
 
 # clients that train a masked sparse model or a sub-model (system/flops.py's list)
 SPARSE = {
@@ -42,3 +42,12 @@ def test_each_algorithm_is_batched_or_says_why(name: str) -> None:
 def test_sparse_compute_is_set_for_the_masked_and_sub_model_algorithms() -> None:
     sparse = {n for n in ALGORITHMS if build_algorithm(CONFIGS[n]()).execution.sparse_compute}
     assert sparse == SPARSE
+
+
+# a delta from the downloaded global model, averaged by the server: may arrive stale (issue 45)
+DELTA = {"fedavg", "fedprox"}
+
+
+def test_delta_uplink_is_set_for_the_algorithms_that_average_client_deltas() -> None:
+    delta = {n for n in ALGORITHMS if build_algorithm(CONFIGS[n]()).execution.delta_uplink}
+    assert delta == DELTA

@@ -125,7 +125,7 @@ def test_trains_with_the_grasp_mask_fixed_and_charges_the_warm_start_mask(
     assert all(torch.equal(res.state.server.masks[k], m) for k, m in state.masks.items())  # type: ignore[attr-defined]
     assert [r["grasp/mask_churn"] for r in res.state.round_rows] == [0.0] * 3
     assert [r for r in res.ledger.rows if r[0] == 0] == [
-        (0, 0, "up", 1184, 0, 0, 1184, "sent", 1184)
+        (0, 0, "up", 1184, 0, 0, 1184, "sent", 1184, 0)
     ]
     free = _run(fed, grasp.Config(warm_start_charge="none"), rounds=1)
     assert min(r[0] for r in free.ledger.rows) == 1  # the code's accounting: no round-0 message

@@ -202,7 +202,7 @@ def test_warm_start_prunes_on_one_client_and_charges_round_zero(fed: FederatedTe
     res = _run(fed, rounds=1)
     rows = [r for r in res.ledger.rows if r[0] == 0]
     bits_ = _bits(payload)
-    assert rows == [(0, cid, "up", bits_, 0, 0, payload.dense_bits(), "sent", bits_)]
+    assert rows == [(0, cid, "up", bits_, 0, 0, payload.dense_bits(), "sent", bits_, 0)]
     assert res.state.round_rows[0]["prunefl/mask_density"] == pytest.approx(dens)
     assert res.state.round_rows[0]["prunefl/phase_one_rounds"] == 5
 
