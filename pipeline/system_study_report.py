@@ -16,15 +16,14 @@ what the data give (a test runs it).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import page_block  # pipeline/page_block.py, beside this file
 import polars as pl
 
 from fedcomm.evaluation.curve_points import first_round_reaching
@@ -210,36 +209,10 @@ def figures(conditions: dict[str, pl.DataFrame], img: Path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the page's block and figures")
-    mode.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
-    p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--page", type=Path, default=PAGE)
-    p.add_argument("--img", type=Path, default=IMG)
-    args = p.parse_args()
-    conditions = load(args.data)
-    if not conditions:
-        print(f"no curves under {args.data}", file=sys.stderr)
-        return 2
-    text = block(conditions)
-    if not (args.write or args.check):
-        print(text)
-        return 0
-    page = args.page.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(page):
-        print(f"{args.page}: no {BEGIN} ... {END} block", file=sys.stderr)
-        return 2
-    if args.check:
-        current = pattern.search(page).group(0)  # type: ignore[union-attr]
-        if current != text:
-            print(f"{args.page}: out of date; run {Path(__file__).name} --write", file=sys.stderr)
-            return 1
-        return 0
-    args.page.write_text(pattern.sub(lambda _: text, page))
-    figures(conditions, args.img)
-    return 0
+    return page_block.run(
+        __doc__ or "", load=load, block=block, figures=figures, data=DATA, page=PAGE, img=IMG,
+        begin=BEGIN, end=END,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

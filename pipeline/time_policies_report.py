@@ -14,7 +14,6 @@ paired one-sided t rule on the per-seed differences (``fedcomm.reporting.verdict
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import page_block  # pipeline/page_block.py, beside this file
 import polars as pl
 
 from fedcomm.evaluation.sim_time import HOUR_S, SIM_ELAPSED
@@ -228,36 +228,10 @@ def figures(data: dict[str, dict[str, dict[int, pl.DataFrame]]], img: Path) -> N
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the page's block and figures")
-    mode.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
-    p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--page", type=Path, default=PAGE)
-    p.add_argument("--img", type=Path, default=IMG)
-    args = p.parse_args()
-    data = load(args.data)
-    if not data:
-        print(f"no curves under {args.data}", file=sys.stderr)
-        return 2
-    text = block(data)
-    if not (args.write or args.check):
-        print(text)
-        return 0
-    page = args.page.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    found = pattern.search(page)
-    if found is None:
-        print(f"{args.page}: no {BEGIN} ... {END} block", file=sys.stderr)
-        return 2
-    if args.check:
-        if found.group(0) != text:
-            print(f"{args.page}: out of date; run {Path(__file__).name} --write", file=sys.stderr)
-            return 1
-        return 0
-    args.page.write_text(pattern.sub(lambda _: text, page))
-    figures(data, args.img)
-    return 0
+    return page_block.run(
+        __doc__ or "", load=load, block=block, figures=figures, data=DATA, page=PAGE, img=IMG,
+        begin=BEGIN, end=END,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

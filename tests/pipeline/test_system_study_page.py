@@ -4,20 +4,17 @@ committed per-seed curves (edit the data, or the page by hand, and this fails)."
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-import polars as pl
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.pipeline.page_reports import ROOT, check_with_halved_accuracy, run_report
+
 SCRIPT = ROOT / "pipeline" / "system_study_report.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, check=False
-    )
+    return run_report(SCRIPT, *args)
 
 
 def test_the_page_is_what_the_data_give() -> None:
@@ -26,16 +23,10 @@ def test_the_page_is_what_the_data_give() -> None:
 
 
 def test_a_changed_number_is_caught(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    for f in (ROOT / "docs/system_study/data").glob("*.csv"):
-        (data / f.name).write_bytes(f.read_bytes())
-    first = sorted(data.glob("system_study_s*.csv"))[0]
-    frame = pl.read_csv(first)
-    frame.with_columns(pl.col("global_accuracy") * 0.5).write_csv(first)  # half the accuracy
-    page = tmp_path / "page.md"
-    page.write_text((ROOT / "docs/system_study.md").read_text())
-    done = _run("--check", "--data", str(data), "--page", str(page))
+    done = check_with_halved_accuracy(
+        SCRIPT, ROOT / "docs/system_study/data", "system_study_s*.csv",
+        ROOT / "docs/system_study.md", tmp_path,
+    )  # fmt: skip
     assert done.returncode == 1 and "out of date" in done.stderr
 
 
