@@ -24,6 +24,18 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"partition.num_partitions": 5000},
         "error: partition.num_partitions: must be an integer in [1, 1797], got 5000",
     ),
+    "fit_deadline_on_fedsparse": (
+        {
+            "algorithms.fedavg": {"name": "fedsparse"},
+            "train.system": {
+                "policy": {
+                    "deadline_s": 10,
+                    "compression": {"kind": "fit_deadline", "ladder": [0.1]},
+                }
+            },
+        },
+        "error: algorithms.fedavg: train.system.policy.compression: fit_deadline",
+    ),
     "bogus_data_root": (
         {"data.root": "/nonexistent/fedcomm-data", "data.dataset": {"name": "mnist"}},
         "set data.root in params.yaml",

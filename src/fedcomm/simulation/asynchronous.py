@@ -197,7 +197,7 @@ def play_round(
         draws += 1
         if chosen and policy.aggregation == "fedasync" and version not in flight.versions:
             flight.versions[version] = {k: v.detach().clone() for k, v in global_params().items()}
-        for turn in rnd.turns(chosen):
+        for turn in rnd.turns(chosen, algorithm=sim.trains_with):
             cid = turn.client_id
             down_bits = rnd.send_down(turn, version)
             t = fitted(sim, rnd, turn, down_bits, at_s)

@@ -213,7 +213,7 @@ def _run(
         if cfg.system is None
         else timed.SystemRun.build(
             cfg.system, model, data, cfg.seed, cfg.data_root,
-            sparse=algorithm.execution.sparse_compute, codec=cfg.codec,
+            sparse=algorithm.execution.sparse_compute, codec=cfg.codec, algorithm=algorithm.config,
         )
     )  # fmt: skip
     state = _start(cfg, algorithm, model, data, dev, mark, config_hash, checkpoint_path, resume)

@@ -4,7 +4,8 @@ The loop makes a :class:`Round` per round and asks it, client by client, for the
 round (the timed branch, :mod:`fedcomm.simulation.timed`, asks for the same ones):
 
 - :meth:`Round.turns` trains clients on the backend (the cohort, lazily, in cohort order) and
-  :meth:`Round.retrain` one client again under other local steps (a straggler's partial work);
+  :meth:`Round.retrain` one client again under other local steps (a straggler's partial work)
+  or another setting of the algorithm (``fit_deadline``'s rungs);
 - :meth:`Round.send_down` records a client's downlink, :meth:`Round.encode` encodes its uplink,
   :meth:`Round.send_up` records it as sent, :meth:`Round.cut` as cut by the round's close
   (a dropped client: its uplink ``not_sent`` or ``partial`` and a ``dropped`` client row);
@@ -93,21 +94,30 @@ class Round:
 
     # -- the clients' work ------------------------------------------------------------------
 
-    def turns(self, clients: Sequence[int], local: LocalConfig | None = None) -> Iterator[Turn]:
+    def turns(
+        self,
+        clients: Sequence[int],
+        local: LocalConfig | None = None,
+        algorithm: FedAlgorithm[Any] | None = None,
+    ) -> Iterator[Turn]:
         """``clients`` trained on the backend under ``local`` (the run's when None), one
-        :class:`Turn` each, lazily and in order."""
+        :class:`Turn` each, lazily and in order; ``algorithm``: another setting of the run's
+        (``fit_deadline``'s rungs of FedBIAD's ``p``; its server state and client states)."""
         if not clients:
             return iter(())
         run = self.run
         inputs = RoundInputs(
-            clients, run.algorithm, self._state_of, self.state.server, self.ctx, run.model,
-            run.data, local if local is not None else run.local, run.seed,
+            clients, algorithm or run.algorithm, self._state_of, self.state.server, self.ctx,
+            run.model, run.data, local if local is not None else run.local, run.seed,
         )  # fmt: skip
         return run.backend.turns(inputs)
 
-    def retrain(self, client_id: int, local: LocalConfig) -> Turn:
-        """``client_id`` trained again from the round's start under ``local``."""
-        (turn,) = self.turns([client_id], local)
+    def retrain(
+        self, client_id: int, local: LocalConfig, algorithm: FedAlgorithm[Any] | None = None
+    ) -> Turn:
+        """``client_id`` trained again from the round's start under ``local`` (and
+        ``algorithm``, as :meth:`turns`)."""
+        (turn,) = self.turns([client_id], local, algorithm)
         return turn
 
     def encode(self, turn: Turn, compressor: Compressor | None = None) -> Encoded:

@@ -23,9 +23,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.simulation.rounds import Round
-from fedcomm.simulation.timed import SystemRun, Timed, charge, client_row, fitted, reports
+from fedcomm.simulation.timed import (
+    SystemRun,
+    Timed,
+    charge,
+    client_row,
+    fitted,
+    reports,
+    steps_local,
+)
 from fedcomm.system import energy, selection
 from fedcomm.system.clock import decide, steps_that_fit
 
@@ -114,7 +121,7 @@ def play_round(
     with its simulated part), each dropped one's uplink recorded as cut with a ``dropped`` row.
     """
     clocked: list[Timed] = []
-    for turn in rnd.turns(cohort):
+    for turn in rnd.turns(cohort, algorithm=sim.trains_with):
         down_bits = rnd.send_down(turn)
         clocked.append(fitted(sim, rnd, turn, down_bits, start_s))
     settled = settle(sim, clocked, k, start_s, functools.partial(_retrain, sim, rnd, start_s))
@@ -142,9 +149,7 @@ def play_round(
 def _retrain(sim: SystemRun, rnd: Round, start_s: float, t: Timed, steps: int) -> Timed:
     """A straggler's partial work: its client trained again for the first ``steps`` local
     minibatches, encoded and timed (its downlink as before)."""
-    local = rnd.run.local
-    partial_local = LocalConfig(**{**local.model_dump(), "epochs": None, "steps": steps})
-    turn = rnd.retrain(t.turn.client_id, partial_local)
+    turn = rnd.retrain(t.turn.client_id, steps_local(rnd.run.local, steps), sim.trains_with)
     return fitted(sim, rnd, turn, t.down_bits, start_s, steps)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from fedcomm.algorithms.core import AlgorithmConfig, FedAlgorithm
 from fedcomm.algorithms.core.local import LocalConfig
 from fedcomm.comm.compressors.config import CompressorConfig, NoCompressor
 from fedcomm.simulation import fitting
@@ -56,8 +57,10 @@ class SystemRun:
         *,
         sparse: bool = False,
         codec: CompressorConfig | None = None,
+        algorithm: AlgorithmConfig | None = None,
     ) -> SystemRun:
-        """``codec``: the run's uplink codec, whose setting ``fit_deadline`` varies."""
+        """``codec``: the run's uplink codec, whose setting ``fit_deadline`` varies, or
+        ``algorithm``'s own (FedBIAD's ``p``)."""
         source = next(d for d in data.train if d.num_examples)
         cost = forward_flops(model, source.x[:1])
         clients = pop.draw(cfg, data.num_clients, seed, root)
@@ -65,8 +68,14 @@ class SystemRun:
         fit = cfg.policy.compression
         ladder = None
         if fit.kind == "fit_deadline":
-            ladder = fitting.ladder(codec or NoCompressor(), fit.ladder)
+            ladder = fitting.ladder(codec or NoCompressor(), fit.ladder, algorithm, fit.vary)
         return cls(cfg, clients, cost, sparse, joules, ladder)
+
+    @property
+    def trains_with(self) -> FedAlgorithm[Any] | None:
+        """The algorithm clients train under (None: the run's; ``fit_deadline`` over the
+        algorithm's setting: its mildest)."""
+        return self.ladder.first if self.ladder is not None else None
 
     def example_flops(self, turn: Turn) -> float:
         """Training FLOPs of one example of ``turn``'s client (system/flops.py)."""
@@ -146,18 +155,31 @@ def fitted(
     steps: int | None = None,
 ) -> Timed:
     """``turn`` encoded and timed: through the run's codec, or under ``fit_deadline`` at the
-    mildest setting whose upload arrives by its limit (:mod:`fedcomm.simulation.fitting`)."""
+    mildest setting whose upload arrives by its limit (:mod:`fedcomm.simulation.fitting`; a
+    setting of the algorithm's: the client retrained under it, for ``steps`` minibatches when
+    given)."""
     local = rnd.run.local
     if sim.ladder is None:
         return time_turn(sim, turn, rnd.encode(turn), down_bits, local, start_s, steps)
 
-    def finish_s(enc: Encoded) -> float:
-        return time_turn(sim, turn, enc, down_bits, local, start_s, steps).time.finish_s
+    def finish_s(t: Turn, enc: Encoded) -> float:
+        return time_turn(sim, t, enc, down_bits, local, start_s, steps).time.finish_s
+
+    def retrain(algorithm: FedAlgorithm[Any]) -> Turn:
+        return rnd.retrain(turn.client_id, steps_local(local, steps), algorithm)
 
     limit = sim.limit_s(turn.client_id, start_s)
-    enc, value = fitting.fit(rnd, turn, sim.ladder, finish_s, limit)
-    t = time_turn(sim, turn, enc, down_bits, local, start_s, steps)
+    trial = fitting.trials(rnd, turn, sim.ladder, retrain)
+    sent, enc, value = fitting.fit(sim.ladder, trial, finish_s, limit)
+    t = time_turn(sim, sent, enc, down_bits, local, start_s, steps)
     return dataclasses.replace(t, setting=value)
+
+
+def steps_local(local: LocalConfig, steps: int | None) -> LocalConfig:
+    """``local`` cut to its first ``steps`` minibatches (None: ``local``)."""
+    if steps is None:
+        return local
+    return LocalConfig(**{**local.model_dump(), "epochs": None, "steps": steps})
 
 
 def charge(sim: SystemRun, t: Timed, stop_s: float | None = None) -> energy.ClientEnergy | None:

@@ -20,10 +20,10 @@ from fedcomm.algorithms import build_algorithm
 from fedcomm.comm.codecs import Compressor, build_compressor
 from fedcomm.config import ConfigError, Params, model_options
 from fedcomm.data.datasets.registry import resolve_root
-from fedcomm.errors import Interrupted, interrupts_deferred, stopping
+from fedcomm.errors import InputError, Interrupted, interrupts_deferred, stopping
 from fedcomm.models import build_seeded_model
 from fedcomm.simulation import checkpoint as ckpt_mod
-from fedcomm.simulation import loop, shard
+from fedcomm.simulation import fitting, loop, shard
 from fedcomm.simulation.data import FederatedTensors
 from fedcomm.simulation.device import resolve as resolve_device
 from fedcomm.simulation.progress import round_progress
@@ -262,7 +262,8 @@ def check_run(
 ) -> tuple[torch.nn.Module, Any]:
     """Everything about ``run`` that can fail on bad input, checked on the federated data before
     any training: the cohort and test splits fit the partition, the model fits the data (one
-    example through it), the algorithm accepts the model. Returns the model and the algorithm.
+    example through it), the algorithm accepts the model, ``fit_deadline``'s ladder is a setting
+    of the run's codec or algorithm. Returns the model and the algorithm.
 
     Raises:
         ConfigError: naming the key at fault.
@@ -277,7 +278,20 @@ def check_run(
             algorithm.validate_model(model)
         except ValueError as err:
             raise ConfigError(f"algorithms.{run}: {err}") from None
+    _check_fit(params, run)
     return model, algorithm
+
+
+def _check_fit(params: Params, run: str) -> None:
+    """``fit_deadline``'s ladder is a setting ``run``'s codec or algorithm has."""
+    system = params.train.system
+    if system is None or system.policy.compression.kind != "fit_deadline":
+        return
+    fit, algo = system.policy.compression, params.algorithm(run)
+    try:
+        fitting.ladder(algo.uplink or params.train.compressor, fit.ladder, algo, fit.vary)
+    except InputError as err:
+        raise ConfigError(f"algorithms.{run}: {err}") from None
 
 
 def check_experiment(params: Params) -> int:

@@ -157,13 +157,18 @@ class FixedCompression(_Strict):
 
 class FitDeadline(_Strict):
     """``compression: {kind: fit_deadline, ladder: [...]}``: per client and round, the mildest
-    of these settings of the uplink codec's knob whose upload arrives by the deadline
-    (:mod:`fedcomm.simulation.fitting`)."""
+    of these settings of the uplink codec's knob, or of the algorithm's own (FedBIAD's ``p``),
+    whose upload arrives by the deadline (:mod:`fedcomm.simulation.fitting`)."""
 
     kind: Literal["fit_deadline"]
     ladder: list[float] = Field(
         min_length=1, description="values of the codec's knob (DGC/STC density, FedPAQ levels, "
-        "LQ bits, SP keep), tried from the most bits to the fewest",
+        "LQ bits, SP keep) or of the algorithm's (FedBIAD's p), tried from the most bits to "
+        "the fewest",
+    )  # fmt: skip
+    vary: Literal["auto", "codec", "algorithm"] = Field(
+        "auto", description="whose setting the ladder lists: auto = the codec's when it has "
+        "one, else the algorithm's",
     )  # fmt: skip
 
 

@@ -148,8 +148,9 @@ def test_fit_tries_from_the_mildest_and_keeps_the_generator_of_the_one_sent() ->
     assert steps.values == (0.1, 0.01, 0.001)  # mildest first
     rnd, turn = FakeRound(), FakeTurn()
     before = turn.generator.get_state()
-    enc, value = fitting.fit(rnd, turn, steps, lambda e: float(e), limit_s=2.0)  # type: ignore[arg-type]
-    assert (enc, value) == (2, 0.01) and len(rnd.tried) == 2
+    trial = fitting.trials(rnd, turn, steps, retrain=None)  # type: ignore[arg-type]
+    sent, enc, value = fitting.fit(steps, trial, lambda t, e: float(e), limit_s=2.0)  # type: ignore[arg-type]
+    assert (sent, enc, value) == (turn, 2, 0.01) and len(rnd.tried) == 2
     once = torch.Generator().set_state(before)
     torch.rand(1, generator=once)
     assert torch.equal(turn.generator.get_state(), once.get_state())  # one draw's worth
