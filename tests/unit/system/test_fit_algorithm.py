@@ -23,11 +23,13 @@ from tests.unit.system.test_policies import _system
 LADDER = [0.9, 0.1, 0.5]  # sorted mildest (smallest p) first
 
 
-def _run(p: float = 0.2, rounds: int = 3, epochs: int = 1, **policy: Any) -> loop.RunResult:
+def _run(
+    p: float = 0.2, rounds: int = 3, epochs: int = 1, backend: str = "sequential", **policy: Any
+) -> loop.RunResult:
     fed = digits_federation(8)
     cfg = loop.LoopConfig(
         rounds=rounds, clients_per_round=3, local=LocalConfig(epochs=epochs, batch_size=8), seed=0,
-        system=_system(**policy), checkpoint_every=2,
+        system=_system(**policy), checkpoint_every=2, backend=backend,
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[32])
@@ -36,10 +38,16 @@ def _run(p: float = 0.2, rounds: int = 3, epochs: int = 1, **policy: Any) -> loo
 
 
 def _fit(
-    deadline: float, ladder: list[float] = LADDER, epochs: int = 1, **policy: Any
+    deadline: float,
+    ladder: list[float] = LADDER,
+    epochs: int = 1,
+    backend: str = "sequential",
+    **policy: Any,
 ) -> loop.RunResult:
     compression = {"kind": "fit_deadline", "ladder": ladder}
-    return _run(epochs=epochs, deadline_s=deadline, compression=compression, **policy)
+    return _run(
+        epochs=epochs, backend=backend, deadline_s=deadline, compression=compression, **policy
+    )
 
 
 def _without_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -139,3 +147,13 @@ def test_partial_work_is_fitted_over_p_too() -> None:
     for c in partial:
         assert c["sim_finish_s"] <= 1.0 and c["uplink_setting"] in (0.1, 0.5, 0.9)
         assert c["local_steps"] < 8 * c["num_examples"] / 8  # fewer minibatches than 8 epochs
+
+
+def test_the_vectorized_backend_fits_the_same_p_and_bits() -> None:
+    seq, vec = _fit(2.0), _fit(2.0, backend="vectorized")
+    assert vec.backend == "vectorized"
+    settings = [[c["uplink_setting"] for c in r.state.client_rows] for r in (seq, vec)]
+    assert settings[0] == settings[1] and len(set(settings[0])) == 3
+    assert seq.ledger.frame().equals(vec.ledger.frame())
+    for k, v in seq.final_params.items():
+        assert torch.allclose(v, vec.final_params[k], atol=1e-6), k
