@@ -28,6 +28,17 @@ CASES = [(name, "sequential") for name in sorted(CONFIGS)] + [
 # the sharded turns too): FedAvg, sequential
 SYSTEM_CASE = ("fedavg", "system-partial")
 CASES.append(SYSTEM_CASE)
+# fit_deadline over FedBIAD's p: a sparse-compute algorithm timed on every rank (a client another
+# rank trained is charged from its nonzero counts) and clients retrained through the gathers;
+# every rank saves its result (``OUT/fedbiad-system-fit-rank<r>.pt``): their clocks must agree
+FIT_CASE = ("fedbiad", "system-fit")
+CASES.append(FIT_CASE)
+
+
+def fit_run(sharded: Any = None) -> Any:
+    from tests.unit.system.test_fit_algorithm import _fit
+
+    return _fit(1.0, sharded=sharded)
 
 
 def system_run(sharded: Any = None) -> Any:
@@ -56,6 +67,9 @@ def main(out: Path) -> None:
     for name, backend in CASES:
         if (name, backend) == SYSTEM_CASE:
             res = system_run(sharded)
+        elif (name, backend) == FIT_CASE:
+            res = fit_run(sharded)
+            torch.save(result(res), out / f"{name}-{backend}-rank{sharded.rank}.pt")
         else:
             res = _run(name, fed, backend, sharded=sharded)
         if sharded.writes:

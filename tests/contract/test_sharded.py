@@ -54,6 +54,14 @@ def test_two_processes_equal_one(
         one = worker.result(worker.system_run())
         statuses = {c["status"] for c in one["clients"]}
         assert "partial_work" in statuses  # the case: a straggler retrained under the deadline
+    elif (name, backend) == worker.FIT_CASE:
+        one = worker.result(worker.fit_run())
+        assert len({c["uplink_setting"] for c in one["clients"]}) > 1  # retrained at other p
+        other = torch.load(sharded_results / f"{name}-{backend}-rank1.pt", weights_only=False)
+        evaluated = {"local_accuracy", "local_loss", "test_n"}  # (rank 0 alone evaluates)
+        rows = [[{k: v for k, v in c.items() if k not in evaluated} for c in r["clients"]]
+                for r in (other, two)]  # fmt: skip
+        assert rows[0] == rows[1]  # rank 1 timed and decided as rank 0 did
     else:
         one = worker.result(_run(name, fed, backend))
     assert two["backend"] == one["backend"]

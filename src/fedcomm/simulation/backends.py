@@ -56,6 +56,9 @@ class Turn:
     generator: torch.Generator  # the client's (seed, CLIENT, round, client) stream, as left
     result: ClientResult
     seconds: float  # decode + local work (its share of a batched chunk on the vectorized backend)
+    # nonzero entries of each tensor of its local model, for a client another rank trained
+    # (its local model is not sent here: what the clock charges sparse compute from)
+    nonzero: Mapping[str, int] | None = None
 
 
 StateOf = Callable[[int], Any]  # client id -> its algorithm state (the store's or a fresh one)
@@ -243,15 +246,18 @@ def _sharded(
     r: RoundInputs, rank: shard.Shard, local: Callable[[RoundInputs], Iterator[Turn]]
 ) -> Iterator[Turn]:
     """This rank's share of the cohort trained by ``local``, then every rank's turns gathered
-    and yielded in cohort order. What travels: each client's result and its generator's state
-    to every rank, its local model (for local evaluation) to rank 0 only; each rank rebuilds a
-    remote client's downlink itself (the broadcast is a function of the server state)."""
+    and yielded in cohort order. What travels: each client's result, its generator's state and
+    its local model's nonzero counts (:attr:`Turn.nonzero`: every rank's clock charges the same
+    sparse compute) to every rank, its local model (for local evaluation) to rank 0 only; each
+    rank rebuilds a remote client's downlink itself (the broadcast is a function of the server
+    state)."""
     shares = shard.assign([r.data.train[c].num_examples for c in r.cohort], rank.world)
     turns = list(local(replace(r, cohort=[r.cohort[i] for i in shares[rank.rank]])))
     mine = [
-        (t.client_id, t.generator.get_state(), replace(t.result, local_params={}), t.seconds)
+        (t.client_id, t.generator.get_state(), replace(t.result, local_params={}), t.seconds,
+         {k: int(torch.count_nonzero(v)) for k, v in t.result.local_params.items()})
         for t in turns
-    ]
+    ]  # fmt: skip
     everyone = shard.gather(rank, mine, r.model_device)
     models = shard.gather(
         rank, [t.result.local_params for t in turns], r.model_device, to_all=False
@@ -260,7 +266,7 @@ def _sharded(
     own = {t.client_id: t for t in turns}
     ordered = shard.in_order(shares, everyone)
     params = shard.in_order(shares, models) if models is not None else None
-    for cid, state, result, seconds in ordered:
+    for cid, state, result, seconds, nonzero in ordered:
         local_params = next(params) if params is not None else {}
         if cid in own:
             yield own[cid]
@@ -269,7 +275,7 @@ def _sharded(
         gen = torch.Generator()
         gen.set_state(state)
         result = replace(result, local_params=local_params)
-        yield Turn(cid, down, down.decode(), gen, result, seconds)
+        yield Turn(cid, down, down.decode(), gen, result, seconds, nonzero)
 
 
 def unbatched_reason(

@@ -79,7 +79,8 @@ class SystemRun:
 
     def example_flops(self, turn: Turn) -> float:
         """Training FLOPs of one example of ``turn``'s client (system/flops.py)."""
-        return example_flops(self.cost, turn.result.local_params, sparse=self.sparse)
+        trained = turn.nonzero if turn.nonzero is not None else turn.result.local_params
+        return example_flops(self.cost, trained, sparse=self.sparse)
 
     def sample_size(self, k: int) -> int:
         """``K(1 + f)``, rounded up, at most every client."""
@@ -118,7 +119,7 @@ class Timed:
     time: ClientTime
     sizes: tuple[int, ...]  # the sizes of the local minibatches it ran
     work_flops: float | None = None  # FLOPs of those minibatches (None: compute_s x its FLOP/s)
-    setting: float | None = None  # fit_deadline: the codec setting its uplink was sent at
+    setting: float | None = None  # fit_deadline: the setting (codec's or p) it was sent at
 
 
 def time_turn(

@@ -86,17 +86,22 @@ def forward_flops(model: nn.Module, example: Tensor) -> WeightCost:
     return cost
 
 
-def example_flops(cost: WeightCost, trained: Mapping[str, Tensor], *, sparse: bool) -> float:
-    """Training FLOPs of one example for a client that trained ``trained``: each weight's
-    forward FLOPs, times 3; a weight absent from ``trained`` while others are present costs
-    nothing. ``sparse`` (an algorithm that trains a masked model or a sub-model): each weight's
-    FLOPs times its nonzero entries over the full weight's size (a smaller sub-model's tensor
-    counts its size); else the weights are charged whole, without a pass over them."""
+def example_flops(cost: WeightCost, trained: Mapping[str, Tensor | int], *, sparse: bool) -> float:
+    """Training FLOPs of one example for a client that trained ``trained`` (its local model's
+    tensors, or their nonzero counts: a client another rank trained): each weight's forward
+    FLOPs, times 3; a weight absent from ``trained`` while others are present costs nothing.
+    ``sparse`` (an algorithm that trains a masked model or a sub-model): each weight's FLOPs times
+    its nonzero entries over the full weight's size (a smaller sub-model's tensor counts its
+    size); else the weights are charged whole, without a pass over them."""
     if not any(name in trained for name in cost):  # another layout: charged dense
         return TRAIN_OVER_FORWARD * sum(flops for flops, _ in cost.values())
     total = 0.0
     for name, (flops, numel) in cost.items():
         w = trained.get(name)
         if w is not None and numel:
-            total += flops * (int(torch.count_nonzero(w)) / numel if sparse else 1.0)
+            total += flops * (_nonzero(w) / numel if sparse else 1.0)
     return TRAIN_OVER_FORWARD * total
+
+
+def _nonzero(w: Tensor | int) -> int:
+    return w if isinstance(w, int) else int(torch.count_nonzero(w))

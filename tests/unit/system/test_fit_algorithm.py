@@ -24,7 +24,12 @@ LADDER = [0.9, 0.1, 0.5]  # sorted mildest (smallest p) first
 
 
 def _run(
-    p: float = 0.2, rounds: int = 3, epochs: int = 1, backend: str = "sequential", **policy: Any
+    p: float = 0.2,
+    rounds: int = 3,
+    epochs: int = 1,
+    backend: str = "sequential",
+    sharded: Any = None,
+    **policy: Any,
 ) -> loop.RunResult:
     fed = digits_federation(8)
     cfg = loop.LoopConfig(
@@ -34,7 +39,8 @@ def _run(
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=fed.input_shape, num_classes=10, hidden=[32])
     algorithm = fedbiad.build(fedbiad.Config(p=p, stage_boundary=1))
-    return loop.run(cfg, algorithm, model, fed, build_compressor("none"), config_hash="h")
+    compressor = build_compressor("none")
+    return loop.run(cfg, algorithm, model, fed, compressor, config_hash="h", sharded=sharded)
 
 
 def _fit(
@@ -42,12 +48,15 @@ def _fit(
     ladder: list[float] = LADDER,
     epochs: int = 1,
     backend: str = "sequential",
+    sharded: Any = None,
+    p: float = 0.2,  # the run's own p, which fit_deadline does not use
     **policy: Any,
 ) -> loop.RunResult:
     compression = {"kind": "fit_deadline", "ladder": ladder}
     return _run(
-        epochs=epochs, backend=backend, deadline_s=deadline, compression=compression, **policy
-    )
+        p, epochs=epochs, backend=backend, sharded=sharded, deadline_s=deadline,
+        compression=compression, **policy,
+    )  # fmt: skip
 
 
 def _without_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -82,12 +91,16 @@ def test_the_ladder_runs_from_the_smallest_p_and_builds_one_algorithm_per_rung()
 
 
 def test_what_cannot_be_fitted_is_refused_by_name() -> None:
-    with pytest.raises(InputError, match=r"algorithm 'fedsparse': its sparsity is learnt"):
+    with pytest.raises(InputError, match=r"algorithm 'fedsparse' has none: its sparsity is learnt"):
         fitting.ladder(NoCompressor(), [0.1], fedsparse.Config())
-    with pytest.raises(InputError, match=r"algorithm 'fedavg' \(algorithms with one: fedbiad's p"):
+    with pytest.raises(InputError, match=r"'fedavg' has none \(algorithms with one: fedbiad's p"):
         fitting.ladder(NoCompressor(), [0.1], fedavg.Config())
-    with pytest.raises(InputError, match=r"vary: codec.*codec 'none' has none"):
+    with pytest.raises(InputError, match=r"vary: codec .*codec 'none' has none") as codec:
         fitting.ladder(NoCompressor(), [0.1], fedbiad.Config(), "codec")
+    assert "fedbiad" not in str(codec.value)  # (it has a setting: not the one asked for)
+    with pytest.raises(InputError, match=r"vary: algorithm .*'fedavg' has none") as algo:
+        fitting.ladder(DgcCompressor(density=0.1), [0.1], fedavg.Config(), "algorithm")
+    assert "dgc" not in str(algo.value)
     with pytest.raises(InputError, match=r"ladder: 1.0 is not a valid fedbiad p"):
         fitting.ladder(NoCompressor(), [0.5, 1.0], fedbiad.Config())
 
@@ -135,18 +148,27 @@ def test_each_client_sends_what_its_p_alone_sends_at_the_mildest_p_that_fits() -
         assert sent == alone_up.filter(client_id=c["client_id"])["encoded_bits"].item()
     down = fit.ledger.frame().filter(direction="down")["encoded_bits"]
     assert down.n_unique() == 1  # U_{r-1} whole, whatever p the client trains at
+    _same_run(fit, _fit(deadline, p=0.9))  # the run's own p is not used
     mean = fit.state.round_rows[0]["system/uplink_setting"]
     aggregated = [c for c in fit.state.client_rows if c["round"] == 1]
     assert mean == pytest.approx(sum(c["uplink_setting"] for c in aggregated) / len(aggregated))
 
 
 def test_partial_work_is_fitted_over_p_too() -> None:
-    res = _fit(1.0, epochs=8, stragglers="partial")  # compute-bound: some steps fit
+    # compute-bound: some steps fit; the run's own p (0.9, unused) would fit where 0.1 does not
+    res = _fit(1.0, epochs=8, stragglers="partial", p=0.9)
     partial = [c for c in res.state.client_rows if c["status"] == "partial_work"]
     assert partial, "some straggler's partial work should fit"
     for c in partial:
         assert c["sim_finish_s"] <= 1.0 and c["uplink_setting"] in (0.1, 0.5, 0.9)
         assert c["local_steps"] < 8 * c["num_examples"] / 8  # fewer minibatches than 8 epochs
+    # each client trained at the p it is labelled with: the round's mean kept fraction of rows
+    # is the mean of each p's own (a fixed-p round keeps ceil((1 - p) rows) of every layer)
+    kept = {p: _run(p, rounds=1).state.round_rows[0]["fedbiad/kept_fraction"] for p in LADDER}
+    taken = [c for c in res.state.client_rows if c["status"] in ("aggregated", "partial_work")]
+    for r in res.state.round_rows:
+        sent = [c["uplink_setting"] for c in taken if c["round"] == r["round"]]
+        assert r["fedbiad/kept_fraction"] == pytest.approx(sum(kept[p] for p in sent) / len(sent))
 
 
 def test_the_vectorized_backend_fits_the_same_p_and_bits() -> None:
