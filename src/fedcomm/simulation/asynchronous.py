@@ -202,7 +202,7 @@ def play_round(
             down_bits = rnd.send_down(turn, version)
             t = fitted(sim, rnd, turn, down_bits, at_s)
             limit, leave = sim.limit_s(cid, at_s), sim.leave_s(cid, at_s)
-            flight.clients.append(InFlight(turn, t.encoded, t, version, at_s, limit, leave))
+            flight.clients.append(InFlight(t.turn, t.encoded, t, version, at_s, limit, leave))
             started.add(cid)
 
     online = len(sim.population.online(seed, number, start_s))  # the round's first draw

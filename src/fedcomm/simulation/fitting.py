@@ -94,14 +94,25 @@ def ladder(
     elif name in ALGORITHM_KNOBS:
         assert algorithm is not None
         return _algorithm_ladder(algorithm, values)
-    codecs = ", ".join(sorted(KNOBS))
+    codecs = f"codec {codec.name!r} has none (codecs with one: {', '.join(sorted(KNOBS))})"
     algos = ", ".join(f"{a}'s {k}" for a, (k, _) in sorted(ALGORITHM_KNOBS.items()))
     why = f": {UNFITTABLE[name]}" if name in UNFITTABLE else ""
+    algo = f"algorithm {name!r} has none{why} (algorithms with one: {algos})"
+    key = "train.system.policy.compression"
+    fix = "Set train.compressor (or the run's uplink) to a codec with one"
+    if vary == "codec":
+        raise InputError(
+            f"{key}: fit_deadline with vary: codec varies the uplink codec's setting, and "
+            f"{codecs}. {fix}"
+        )
+    if vary == "algorithm":
+        raise InputError(
+            f"{key}: fit_deadline with vary: algorithm varies the algorithm's own setting, and "
+            f"{algo}. Run one that has one, or set vary: auto"
+        )
     raise InputError(
-        f"train.system.policy.compression: fit_deadline (vary: {vary}) varies the uplink "
-        f"codec's setting or the algorithm's own, and codec {codec.name!r} has none (codecs with "
-        f"one: {codecs}) nor has algorithm {name!r}{why} (algorithms with one: {algos}). Set "
-        "train.compressor (or the run's uplink) to a codec with one, or run an algorithm with one"
+        f"{key}: fit_deadline (vary: auto) varies the uplink codec's setting or the algorithm's "
+        f"own: {codecs}, and {algo}. {fix}, or run an algorithm with one"
     )
 
 
