@@ -97,14 +97,14 @@ def _compare(
         )
     bound = None
     if m in looks and beh.protocol.looks:
-        bounds = sequential_bounds(looks, rule.alpha, beh.protocol.spending)
+        bounds = sequential_bounds(looks, beh.protocol.alpha(rule.alpha), beh.protocol.spending)
         bound = bounds[looks.index(m)]
     result = paired(
         a.values,
         b.values,
         direction=beh.direction,
         margin=beh.margin,
-        alpha=rule.alpha,
+        alpha=beh.protocol.alpha(rule.alpha),
         scale=beh.scale,
         t_crit=bound,
     )

@@ -7,8 +7,14 @@ A behaviour's ``protocol`` block states, before any of its data exists:
   and, if not, at 5, with the critical values of :func:`~.sequential.sequential_bounds`
   (alpha spent over the looks, so the overall type-I error stays at the rule's alpha);
 - ``measure``: ``final`` (the mean of the rule's last k evaluations), ``best_within_cap`` (the
-  best evaluation within ``cap_gib`` GiB on ``axis``) or ``at_round`` (the final at or before
+  best evaluation within ``cap_gib`` GiB on ``axis``, which a capped claim must state: ``up``,
+  the upload alone, or ``up_down``) or ``at_round`` (the final at or before
   ``at_round``); the arms' sources must measure exactly that;
+- ``chosen_among``: how many readings of an arm were compared on the same seeds before one was
+  chosen for this claim (default 1: none). A choice made on the claim's own data is paid for in
+  the statistics: the claim is tested at ``alpha / chosen_among`` (Bonferroni over the readings
+  it could have taken). It is the one key that may be added after the registration: it only
+  raises the threshold;
 - ``registered``: the commit that fixed this design (checked against git by
   :mod:`.registration`: the design at that commit is the current one, and every data file the
   claim reads was added after it), or ``after-data``: an honest statement that the claim was
@@ -95,6 +101,7 @@ class Protocol(BaseModel):
     cap_gib: float | None = Field(None, gt=0.0)
     axis: CapAxis | None = None
     at_round: list[int] | None = None
+    chosen_among: int = Field(1, ge=1)
     registered: str
 
     @model_validator(mode="after")
@@ -115,6 +122,11 @@ class Protocol(BaseModel):
         capped = self.measure == "best_within_cap"
         if capped != (self.cap_gib is not None) or (self.axis is not None and not capped):
             raise ValueError("cap_gib (and axis) go with measure best_within_cap, and only with it")
+        if capped and self.axis is None:
+            raise ValueError(
+                "axis: a capped measure states its traffic axis (up: the upload alone, or "
+                "up_down: upload + download)"
+            )
         if (self.measure == "at_round") != bool(self.at_round):
             raise ValueError("at_round (a list of rounds) goes with measure at_round, and only it")
         return self
@@ -126,13 +138,18 @@ class Protocol(BaseModel):
     def looks_or_n(self) -> tuple[int, ...]:
         return tuple(self.looks) if self.looks else (self.n,)
 
+    def alpha(self, rule_alpha: float) -> float:
+        """The level this claim is tested at: the rule's, shared among ``chosen_among``
+        readings (Bonferroni)."""
+        return rule_alpha / self.chosen_among
+
 
 def check_arms(protocol: Protocol, a: Source, b: Source) -> None:
     """ValueError unless the arms measure what ``protocol`` states (typed and pending arms
     measure "final": a typed record is a final, a pending arm has no data yet)."""
     arms = {"a": a, "b": b}
     if protocol.measure == "best_within_cap":
-        axis = protocol.axis or "up_down"
+        axis = protocol.axis
         for name, arm in arms.items():
             if arm.pending is not None:
                 continue
@@ -213,7 +230,7 @@ def variants(protocol: Protocol, last_k: int) -> Iterator[Variant]:
     if protocol.measure == "best_within_cap":
         for f in CAP_FACTORS:
             yield Variant(f"cap x{f:g}", cap_factor=f)
-        other: CapAxis = "up" if (protocol.axis or "up_down") == "up_down" else "up_down"
+        other: CapAxis = "up" if protocol.axis == "up_down" else "up_down"
         yield Variant(f"axis {other}", axis=other)
         return
     for k in LAST_K_NEIGHBOURS:

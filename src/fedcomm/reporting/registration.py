@@ -27,7 +27,10 @@ from fedcomm.errors import InputError
 
 AFTER_DATA = "after-data"
 ARM_KEYS = ("run", "within_gib", "axis", "at_round", "ended_inside")
-PROTOCOL_KEYS = ("n", "looks", "spending", "measure", "cap_gib", "axis", "at_round")
+PROTOCOL_KEYS = ("n", "looks", "spending", "measure", "cap_gib", "axis", "at_round", "chosen_among")
+#: The protocol key that may be added (or raised) after the registration: it only raises the
+#: threshold (``protocol.Protocol.chosen_among``: a choice made on the claim's own data, paid for).
+STRICTER_ONLY = "protocol.chosen_among"
 SECTIONS = ("behaviours", "diagnoses")
 DEFAULT_AXIS = "up_down"
 _FULL_HASH = re.compile(r"[0-9a-f]{40}")
@@ -109,16 +112,27 @@ def design(entry: Mapping[str, Any]) -> Design:
         _arm_design(entry.get(side), side, out)
     protocol = entry.get("protocol")
     if isinstance(protocol, Mapping):
+        # an unstated key of a v2 block reads as its default (what it measured then)
+        stated = {"spending": "pocock", "chosen_among": 1, **protocol}
+        if stated.get("measure") == "best_within_cap" and stated.get("axis") is None:
+            stated["axis"] = DEFAULT_AXIS
         for key in PROTOCOL_KEYS:
-            if protocol.get(key) is not None:
-                out[f"protocol.{key}"] = protocol[key]
+            if stated.get(key) is not None:
+                out[f"protocol.{key}"] = stated[key]
     return out
 
 
-def _may_fill(key: str) -> bool:
-    """Keys that a registration may leave open: an arm's run (a pending arm had none yet) and
-    the protocol block (files older than protocol v2 have none)."""
-    return key.startswith("protocol.") or key == "run" or key.endswith(".run")
+def _may_fill(key: str, old: Design) -> bool:
+    """Keys that a registration may leave open: an arm's run (a pending arm had none yet), the
+    protocol block of an entry registered before protocol v2 (it had none: every key of it is
+    filled in), and ``chosen_among`` (it only raises the threshold). A protocol key absent from
+    a v2 registration (one with a protocol block) may not be added later: n, looks, spending,
+    measure, cap and round are fixed before the data."""
+    if key == STRICTER_ONLY:
+        return True
+    if key.startswith("protocol."):
+        return not any(k.startswith("protocol.") for k in old)
+    return key == "run" or key.endswith(".run")
 
 
 def design_diff(old: Design, new: Design) -> list[str]:
@@ -126,7 +140,9 @@ def design_diff(old: Design, new: Design) -> list[str]:
     diff = []
     for key in sorted(set(old) | set(new)):
         was, now = old.get(key), new.get(key)
-        if was is None and _may_fill(key):
+        if was is None and _may_fill(key, old):
+            continue
+        if key == STRICTER_ONLY and was is not None and now is not None and now >= was:
             continue
         if was != now:
             diff.append(key)
@@ -134,8 +150,9 @@ def design_diff(old: Design, new: Design) -> list[str]:
 
 
 def same_design(old: Design, new: Design) -> bool:
-    """Whether ``new`` keeps the design registered as ``old``: equal, except that a run or a
-    protocol key absent (or None) in ``old`` accepts any value in ``new``."""
+    """Whether ``new`` keeps the design registered as ``old``: equal, except that a run absent
+    (or None) in ``old`` accepts any value in ``new``, so does the whole protocol block of an
+    entry registered before protocol v2, and ``chosen_among`` may be added or raised."""
     return not design_diff(old, new)
 
 

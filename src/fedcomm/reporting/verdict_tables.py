@@ -66,13 +66,14 @@ def design_text(dec: Decided) -> str:
     pr = dec.behaviour.protocol
     n = f"n {pr.n}" if not pr.looks else f"looks {'/'.join(map(str, pr.looks))} ({pr.spending})"
     if pr.measure == "best_within_cap":
-        measure = f"best within {pr.cap_gib:g} GiB ({pr.axis or 'up_down'})"
+        measure = f"best within {pr.cap_gib:g} GiB ({pr.axis})"
     elif pr.measure == "at_round":
         measure = f"at round {'/'.join(map(str, pr.at_round or ()))}"
     else:
         measure = "final"
     reg = "after its data" if pr.after_data else f"registered {pr.registered[:7]}"
-    return f"{n}; {measure}; {reg}"
+    paid = f"; chosen among {pr.chosen_among} (alpha / {pr.chosen_among})" * (pr.chosen_among > 1)
+    return f"{n}; {measure}{paid}; {reg}"
 
 
 def behaviours_table(

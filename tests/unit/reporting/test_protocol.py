@@ -14,7 +14,7 @@ from fedcomm.cli import app
 from fedcomm.reporting.claims import ClaimsError, decide, load_registry
 from fedcomm.reporting.sequential import sequential_bounds
 from fedcomm.reporting.verdict import PENDING, REPRODUCED
-from fedcomm.reporting.verdict_tables import blocks, fill
+from fedcomm.reporting.verdict_tables import blocks, design_text, fill
 from tests.unit.reporting.test_verdict import (
     BEHAVIOURS,
     PAGE,
@@ -47,9 +47,15 @@ def _edit(claims: Path, section: str, index: int, **change: Any) -> None:
         ({"n": 3, "measure": "best_within_cap", "registered": "after-data"}, "cap_gib"),
         ({"n": 3, "measure": "final", "cap_gib": 1.0, "registered": "after-data"}, "cap_gib"),
         (
-            {"n": 3, "measure": "best_within_cap", "cap_gib": 2.0, "registered": "after-data"},
+            {"n": 3, "measure": "best_within_cap", "cap_gib": 1.0, "registered": "after-data"},
+            "axis: a capped measure states its traffic axis",
+        ),
+        (
+            {"n": 3, "measure": "best_within_cap", "cap_gib": 2.0, "axis": "up_down"}
+            | {"registered": "after-data"},
             "a: measures within 1.0 GiB (up_down), protocol: best_within_cap 2.0 GiB",
         ),
+        ({"n": 3, "measure": "final", "chosen_among": 0, "registered": "after-data"}, "chosen"),
         (
             {"n": 3, "measure": "final", "registered": "after-data", "spending": "pocock"},
             "a: has within_gib, protocol measure is final",
@@ -156,6 +162,33 @@ def test_a_group_sequential_claim_uses_the_bound_of_its_look(tmp_path: Path) -> 
     assert "**pending** (look 1: 3 seeds" in table and "looks 3/5 (pocock)" in table
 
 
+def test_a_choice_made_on_the_claims_own_seeds_is_paid_for(tmp_path: Path) -> None:
+    """``chosen_among: k`` tests at alpha / k (Bonferroni): t = 4.0 passes 2.920 at 5% and
+    fails 4.303 at 2.5%."""
+    rows = ["run,seed,round,global_accuracy"]
+    d = [0.010, 0.020, 0.010]
+    rows += [f"new,{s},1,{0.5 + x}" for s, x in enumerate(d)]
+    rows += [f"old,{s},1,0.5" for s in range(3)]
+    plain = {"n": 3, "measure": "final", "registered": "after-data"}
+    path = _registry(tmp_path, [_behaviour("pick", *ARMS, protocol=plain)])
+    (tmp_path / "data" / "c.csv").write_text("\n".join(rows) + "\n")
+    (dec,) = decide(load_registry(path))
+    assert dec.paired is not None and dec.paired.t == pytest.approx(4.0, abs=1e-3)
+    assert dec.verdict == REPRODUCED and dec.paired.t_crit == pytest.approx(2.920, abs=1e-3)
+    _edit(path, "behaviours", 0, protocol={**plain, "chosen_among": 2})
+    (paid,) = decide(load_registry(path))
+    assert paid.paired is not None and paid.paired.t_crit == pytest.approx(4.303, abs=1e-3)
+    assert paid.paired.alpha == pytest.approx(0.025)
+    assert paid.verdict == "in direction, not significant"
+    assert design_text(paid) == "n 3; final; chosen among 2 (alpha / 2); after its data"
+    # a group-sequential design spends the shared alpha over its looks
+    seq = {"n": 5, "looks": [3, 5], "measure": "final", "registered": "after-data"}
+    _edit(path, "behaviours", 0, protocol={**seq, "chosen_among": 2})
+    (look,) = decide(load_registry(path))
+    assert look.paired is not None
+    assert look.paired.t_crit == pytest.approx(sequential_bounds((3, 5), 0.025, "pocock")[0])
+
+
 def _cap_rows(run: str, seed: int, step_gib: float, accs: list[float]) -> list[str]:
     """Rows of one curve: round r has spent r x step GiB up + down, half of it upload."""
     out = []
@@ -176,7 +209,8 @@ def test_the_sensitivity_mark_varies_caps_and_the_axis(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cap.csv").write_text("\n".join(rows) + "\n")
     arm = {"curves": "data/cap.csv", "within_gib": 2.0}
-    cap = {"n": 3, "measure": "best_within_cap", "cap_gib": 2.0, "registered": "after-data"}
+    cap = {"n": 3, "measure": "best_within_cap", "cap_gib": 2.0, "axis": "up_down"}
+    cap["registered"] = "after-data"
     path = _registry(
         tmp_path,
         [
@@ -246,7 +280,8 @@ def test_a_paper_page_gets_its_own_headline_claims(tmp_path: Path) -> None:
 def test_a_capped_claim_registered_with_pending_arms_keeps_its_design(tmp_path: Path) -> None:
     """Registered before any run (pending arms), then given its curves: a pending arm measures
     what the protocol states, so adding ``within_gib`` is not a change of design."""
-    cap = {"n": 2, "measure": "best_within_cap", "cap_gib": 2.0, "registered": "after-data"}
+    cap = {"n": 2, "measure": "best_within_cap", "cap_gib": 2.0, "axis": "up_down"}
+    cap["registered"] = "after-data"
     pending = {"pending": "the runs"}
     claims = _registry(
         tmp_path,

@@ -117,6 +117,29 @@ def test_same_design() -> None:
     assert not same_design(design(ENTRY), design(_entry(a={"minus": {"run": "q"}})))
 
 
+def test_a_v2_registration_fixes_its_protocol_block() -> None:
+    """A registration with a protocol block fixes every key of it: nothing may be added later
+    (n, looks, spending, measure, cap, axis, round), except ``chosen_among``, which may be
+    added or raised (it only raises the threshold), never lowered. An unstated key reads as its
+    default (spending pocock, chosen_among 1, a capped measure's axis up_down)."""
+    v2 = {"registered": "abc", "n": 3, "measure": "final"}
+    reg = design(_entry(protocol=v2))
+    assert reg["protocol.spending"] == "pocock" and reg["protocol.chosen_among"] == 1
+    assert same_design(reg, design(_entry(protocol={**v2, "spending": "pocock"})))
+    assert same_design(reg, design(_entry(protocol={**v2, "chosen_among": 2})))
+    five = {**v2, "n": 5, "looks": [3, 5]}
+    assert not same_design(reg, design(_entry(protocol=five)))
+    assert not same_design(reg, design(_entry(protocol={**v2, "spending": "obrien_fleming"})))
+    paid = design(_entry(protocol={**v2, "chosen_among": 2}))
+    assert same_design(paid, design(_entry(protocol={**v2, "chosen_among": 3})))
+    assert not same_design(paid, reg)  # lowered back to 1
+    cap = {"registered": "abc", "n": 3, "measure": "best_within_cap", "cap_gib": 1.0}
+    capped = design(_entry(protocol=cap))
+    assert capped["protocol.axis"] == "up_down"
+    assert same_design(capped, design(_entry(protocol={**cap, "axis": "up_down"})))
+    assert not same_design(capped, design(_entry(protocol={**cap, "axis": "up"})))
+
+
 # ------------------------------------------------------------------------------------ git
 
 

@@ -145,8 +145,7 @@ def _protocol(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": 3, "registered": "after-data", "measure": "final"}
     if a.get("within_gib") is not None:
         out |= {"measure": "best_within_cap", "cap_gib": a["within_gib"]}
-        if a.get("axis"):
-            out["axis"] = a["axis"]
+        out["axis"] = a.get("axis") or "up_down"
     rounds = sorted({s["at_round"] for s in (a, b) if s.get("at_round") is not None})
     if rounds:
         out |= {"measure": "at_round", "at_round": rounds}
