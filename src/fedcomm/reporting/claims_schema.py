@@ -34,11 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedcomm.errors import InputError, one_line
 from fedcomm.evaluation.caps import CapAxis
 from fedcomm.evaluation.curve_points import LAST_K
+from fedcomm.reporting.paper_table_schema import Column, PaperTable, Row
+from fedcomm.reporting.papers import Paper
 from fedcomm.reporting.protocol import Protocol, check_arms
 from fedcomm.reporting.verdict import Sign
 
 ABLATIONS_FILE = "issue15_ablations.json"
-Paper = Literal["FedBIAD", "FedSparse", "FedDST", "ProgFed"]
 SettledBy = Literal["experiment", "corrected verdict"]
 SOURCE_KINDS = ("curves", "ablations", "per_seed", "pending")
 
@@ -187,6 +188,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "diagnoses": Behaviour,
     "checks": Check,
     "untested": Untested,
+    "tables": PaperTable,  # a paper's table beside fedcomm's numbers (paper_tables.py)
 }
 
 
@@ -200,6 +202,7 @@ class Registry:
     checks: tuple[Check, ...]
     untested: tuple[Untested, ...] = ()
     diagnoses: tuple[Behaviour, ...] = ()  # decided like behaviours, never in the headline
+    tables: tuple[PaperTable, ...] = ()
 
     @property
     def root(self) -> Path:
@@ -222,7 +225,8 @@ def _entry_error(
     first = err.errors()[0]
     key = _where(first["loc"])
     if first["type"] == "extra_forbidden":
-        inner = {"protocol": Protocol}.get(str(first["loc"][0]), Source)
+        nested: dict[str, type[BaseModel]] = {"protocol": Protocol, "columns": Column, "rows": Row}
+        inner = nested.get(str(first["loc"][0]), Source)
         what = f"unknown key (allowed: {_keys(inner if len(first['loc']) > 1 else model)})"
     else:
         what = first["msg"].removeprefix("Value error, ")
@@ -282,4 +286,5 @@ def load_registry(path: Path) -> Registry:
         tuple(entries["checks"]),
         tuple(entries["untested"]),
         tuple(entries["diagnoses"]),
+        tuple(entries["tables"]),
     )

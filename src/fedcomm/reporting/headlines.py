@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fedcomm.reporting.cells import cell, difference_text, page_link
 from fedcomm.reporting.claims import Decided, Registry
+from fedcomm.reporting.papers import PAPERS
 from fedcomm.reporting.verdict import (
     IN_DIRECTION,
     NOT_REPRODUCED,
@@ -15,8 +16,6 @@ from fedcomm.reporting.verdict import (
     REPRODUCED,
     TOO_FEW,
 )
-
-PAPERS = ("FedBIAD", "FedSparse", "FedDST", "ProgFed")
 
 
 def headline(decided: list[Decided]) -> str:

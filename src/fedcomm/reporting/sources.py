@@ -72,7 +72,7 @@ class Files:
         return self._ablations
 
 
-def _column(columns: list[str], metric: str) -> str | None:
+def column_named(columns: list[str], metric: str) -> str | None:
     """``metric`` or the column it names with '/' written '_' (``global/accuracy``)."""
     for c in columns:
         if c == metric or c.replace("/", "_") == metric.replace("/", "_"):
@@ -91,7 +91,7 @@ def resolve(src: Source, metric: str, rule: Rule, files: Files, where: str) -> A
             raise ClaimsError(f"{where}.ablations: no key {src.ablations!r} in {ABLATIONS_FILE}")
         values = {}
         for rec in records:
-            key = _column(list(rec), src.field or metric)
+            key = column_named(list(rec), src.field or metric)
             if key is None:
                 raise ClaimsError(
                     f"{where}.field: {src.field or metric!r} not in the records of "
@@ -103,7 +103,7 @@ def resolve(src: Source, metric: str, rule: Rule, files: Files, where: str) -> A
     else:
         assert src.curves is not None and src.run is not None
         frame = files.curves(src.curves, where)
-        col = _column(frame.columns, metric)
+        col = column_named(frame.columns, metric)
         if col is None:
             raise ClaimsError(f"{where}.curves: {src.curves} has no column {metric!r}")
         if src.run not in set(frame["run"]):

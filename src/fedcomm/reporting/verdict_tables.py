@@ -19,7 +19,9 @@ from pathlib import Path
 from fedcomm.errors import InputError
 from fedcomm.reporting.cells import cell, difference_text, page_link
 from fedcomm.reporting.claims import Decided, Registry
-from fedcomm.reporting.headlines import PAPERS, headline, headline_claims, paper_headline
+from fedcomm.reporting.headlines import headline, headline_claims, paper_headline
+from fedcomm.reporting.paper_tables import fill_tables, table_blocks
+from fedcomm.reporting.papers import PAPERS
 from fedcomm.reporting.verdict import (
     IN_DIRECTION,
     REPRODUCED,
@@ -165,6 +167,7 @@ def blocks(registry: Registry, decided: list[Decided], base: Path) -> dict[str, 
         "untested": untested_table(registry, base) if n else "",
         "headline": top,
         **{f"headline:{p}": paper_headline(p, registry, decided, base) for p in PAPERS},
+        **table_blocks(registry),
     }
 
 
@@ -182,7 +185,9 @@ def fill(text: str, contents: dict[str, str], name: Path) -> str:
     naming the missing markers of file ``name`` if any is absent (or out of order). A block with
     no content needs no markers; where it has them, it is emptied. A page without the tables'
     markers gets its headline blocks alone: ``headline`` (all papers) and ``headline:<Paper>``
-    (a paper page's headline method claims)."""
+    (a paper page's headline method claims). Any page may hold ``table:<id>`` blocks (a paper's
+    table beside fedcomm's numbers, :mod:`.paper_tables`); each one it holds is refilled."""
+    text = fill_tables(text, contents, name)
     if all(m not in text for m in MARKERS["verdicts"]):
         found = False
         for block in ("headline", *(f"headline:{p}" for p in PAPERS)):
@@ -192,7 +197,7 @@ def fill(text: str, contents: dict[str, str], name: Path) -> str:
             if text.find(end) < text.find(begin):
                 raise InputError(f"{name}: marker {begin} must come before {end}")
             text, found = _replace(text, begin, end, contents[block]), True
-        if found:
+        if found or "<!-- table:" in text:
             return text
     missing = []
     for block, (begin, end) in MARKERS.items():
