@@ -34,6 +34,8 @@ class Column(_Strict):
     def _capped(self) -> Column:
         if (self.within_gib is None) != (self.axis is None):
             raise ValueError("within_gib and axis go together (a cap states its traffic axis)")
+        if self.within_gib is not None and self.at != "final":
+            raise ValueError("at: a capped column takes the best within the cap, not 'last'")
         return self
 
 

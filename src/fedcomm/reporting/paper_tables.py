@@ -7,7 +7,10 @@ seed's final (the mean of the rule's last k evaluations, as a verdict takes it) 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
+
+import polars as pl
 
 from fedcomm.evaluation.caps import CAP_AXIS_WORDS
 from fedcomm.reporting.claims_schema import ClaimsError, Registry, Rule, Source
@@ -28,31 +31,37 @@ def _mean_se(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(var / n)
 
 
-def cell(values: dict[int, float], col: Column, seeds: list[int]) -> str:
+def cell(values: dict[int, float], col: Column, seeds: list[int], ran: set[int]) -> str:
     """``mean ± SE`` of one column over the seeds that have it (their count when fewer than
-    the table's); when none has, ``not reached`` for a cap, else ``pending``."""
+    the table's); when none has, ``not reached`` for a cap the seeds that ran (``ran``) never
+    pass, else ``pending``."""
     got = [values[s] * col.scale for s in seeds if s in values]
-    if not got:  # the run is there: a cap its curves never pass, or no evaluation yet
-        return "not reached (the runs end inside it)" if col.within_gib else "pending"
+    if not got:
+        return "not reached (the runs end inside it)" if col.within_gib and ran else "pending"
     mean, se = _mean_se(got)
     text = f"{mean:.{col.digits}f}" + ("" if se is None else f" ± {se:.{col.digits}f}")
     return text if len(got) == len(seeds) else f"{text} ({len(got)} of {len(seeds)} seeds)"
 
 
-def table_values(
-    table: PaperTable, rule: Rule, files: Files
-) -> dict[str, list[dict[int, float] | None]]:
-    """Per run: each column's per-seed values, read as a claim's arm reads them
-    (:func:`~.sources.resolve`); None: the run is not in its curves yet (or they are not
-    committed yet)."""
+Values = list[dict[int, float] | None]  # per column: each seed's value (None: pending)
+
+
+def table_values(table: PaperTable, rule: Rule, files: Files) -> dict[str, tuple[set[int], Values]]:
+    """Per run: the table's seeds it has curves for, and each column's per-seed values, read
+    as a claim's arm reads them (:func:`~.sources.resolve`); None for every run while no file
+    matches a per-seed glob yet (a table filled as its seeds land). A plain path that does not
+    exist, or a run its curves do not hold, is an error (a typo, not a pending run)."""
     where = f"tables ({table.id})"
     last = rule.model_copy(update={"last_k": 1})
-    out: dict[str, list[dict[int, float] | None]] = {}
+    out: dict[str, tuple[set[int], Values]] = {}
     for row in table.rows:
         curves = row.curves or table.curves
-        if not _runs(curves, files, where) >= {row.run}:
-            out[row.run] = [None] * len(table.columns)
+        if not _landed(curves, files):
+            out[row.run] = (set(), [None] * len(table.columns))
             continue
+        frame = files.curves(curves, where)
+        if row.run not in set(frame["run"]):
+            raise ClaimsError(f"{where}: run {row.run!r} is not a run of {curves}")
         per_col: list[dict[int, float] | None] = []
         for col in table.columns:
             src = Source(
@@ -64,15 +73,17 @@ def table_values(
             )
             got = resolve(src, col.metric, rule if col.at == "final" else last, files, where)
             per_col.append(got.values)
-        out[row.run] = per_col
+        ran = set(frame.filter(pl.col("run") == row.run)["seed"].to_list()) & set(table.seeds)
+        out[row.run] = (ran, per_col)
     return out
 
 
-def _runs(curves: str, files: Files, where: str) -> set[str]:
-    """The runs in ``curves``; none when no file matches yet (a table filled as seeds land)."""
-    if not sorted(files.root.glob(curves)):
-        return set()
-    return set(files.curves(curves, where)["run"])
+def _landed(curves: str, files: Files) -> bool:
+    """Whether any file of ``curves`` exists; False only for a glob none matches yet (a plain
+    path that is missing is left to :meth:`Files.curves`, which names it)."""
+    if not any(c in curves for c in "*?["):
+        return True
+    return bool(sorted(files.root.glob(curves)))
 
 
 def render(table: PaperTable, rule: Rule, files: Files) -> str:
@@ -86,9 +97,9 @@ def render(table: PaperTable, rule: Rule, files: Files) -> str:
         "|---|" + "---:|" * len(table.columns) + "---|",
     ]
     for row in table.rows:
-        cols = values[row.run]
+        ran, cols = values[row.run]
         cells = [
-            "pending" if per_seed is None else cell(per_seed, col, table.seeds)
+            "pending" if per_seed is None else cell(per_seed, col, table.seeds, ran)
             for per_seed, col in zip(cols, table.columns, strict=True)
         ]
         lines.append("| " + " | ".join([row.label, *cells, row.paper or "–"]) + " |")
@@ -122,30 +133,29 @@ def table_blocks(registry: Registry) -> dict[str, str]:
     return {f"table:{t.id}": render(t, registry.rule, files) for t in registry.tables}
 
 
-def fill_tables(text: str, contents: dict[str, str], name: Path) -> str:
-    """``text`` with each ``table:<id>`` block it has refilled (a page holds the tables it
-    shows; one it lacks is simply not there). :class:`ClaimsError` on a marker of an unknown
-    table, or markers out of order."""
-    for begin_at in _table_markers_in(text):
-        block = begin_at.removeprefix("<!-- ").removesuffix(":begin -->")
-        if block not in contents:
-            raise ClaimsError(f"{name}: {begin_at} names no table of the registry")
-        begin, end = markers(block.removeprefix("table:"))
+MARKER = re.compile(r"<!-- table:([^ ]*?):(begin|end) -->")
+
+
+def fill_tables(text: str, contents: dict[str, str], name: Path) -> tuple[str, int]:
+    """``text`` with each ``table:<id>`` block it has refilled, and how many (a page holds the
+    tables it shows). :class:`ClaimsError` (one line, naming the page) on a marker of an
+    unknown table, a block that is not one begin before one end, or a block given twice."""
+    found: dict[str, list[str]] = {}
+    for match in MARKER.finditer(text):
+        found.setdefault(match.group(1), []).append(match.group(2))
+    for table_id, kinds in found.items():
+        if f"table:{table_id}" not in contents:
+            raise ClaimsError(
+                f"{name}: <!-- table:{table_id}:... --> names no table of the registry"
+            )
+        if kinds != ["begin", "end"]:
+            begin, end = markers(table_id)
+            raise ClaimsError(
+                f"{name}: table {table_id}: need one {begin} before one {end} "
+                f"(found {', '.join(kinds)})"
+            )
+    for table_id in found:
+        begin, end = markers(table_id)
         i, j = text.find(begin), text.find(end)
-        if j < i:
-            raise ClaimsError(f"{name}: marker {begin} must come before {end}")
-        text = text[: i + len(begin)] + "\n" + contents[block] + "\n" + text[j:]
-    return text
-
-
-def _table_markers_in(text: str) -> list[str]:
-    out, at = [], 0
-    while (i := text.find("<!-- table:", at)) >= 0:
-        j = text.find(" -->", i)
-        if j < 0:
-            raise ClaimsError(f"an unclosed marker: {text[i : i + 60]!r}")
-        tag = text[i : j + 4]
-        if tag.endswith(":begin -->"):
-            out.append(tag)
-        at = j + 4
-    return out
+        text = text[: i + len(begin)] + "\n" + contents[f"table:{table_id}"] + "\n" + text[j:]
+    return text, len(found)

@@ -15,15 +15,38 @@ from __future__ import annotations
 
 import glob
 import re
-import subprocess
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from fedcomm.reporting.git_history import (
+    FULL_HASH,
+    RegistrationError,
+    first_added,
+    git,
+    head,
+    is_strict_ancestor,
+    log,
+    require_repo,
+    resolve,
+    yaml_at,
+)
 
-from fedcomm.errors import InputError
+__all__ = [
+    "AFTER_DATA",
+    "RegistrationError",
+    "check_registration",
+    "data_files",
+    "design",
+    "design_diff",
+    "entry_at",
+    "first_added",
+    "first_registration",
+    "is_strict_ancestor",
+    "repo_top",
+    "same_design",
+    "sources",
+]
 
 AFTER_DATA = "after-data"
 ARM_KEYS = ("run", "within_gib", "axis", "at_round", "ended_inside")
@@ -33,13 +56,8 @@ PROTOCOL_KEYS = ("n", "looks", "spending", "measure", "cap_gib", "axis", "at_rou
 STRICTER_ONLY = "protocol.chosen_among"
 SECTIONS = ("behaviours", "diagnoses")
 DEFAULT_AXIS = "up_down"
-_FULL_HASH = re.compile(r"[0-9a-f]{40}")
 
 Design = dict[str, Any]
-
-
-class RegistrationError(InputError):
-    """git is missing, or the folder is not a git repository; one line."""
 
 
 # ------------------------------------------------------------------------------- the design
@@ -142,11 +160,18 @@ def design_diff(old: Design, new: Design) -> list[str]:
         was, now = old.get(key), new.get(key)
         if was is None and _may_fill(key, old):
             continue
-        if key == STRICTER_ONLY and was is not None and now is not None and now >= was:
+        if key == STRICTER_ONLY and _at_least(now, was):
             continue
         if was != now:
             diff.append(key)
     return diff
+
+
+def _at_least(now: Any, was: Any) -> bool:
+    try:
+        return int(now) >= int(was)
+    except (TypeError, ValueError):
+        return False
 
 
 def same_design(old: Design, new: Design) -> bool:
@@ -156,102 +181,13 @@ def same_design(old: Design, new: Design) -> bool:
     return not design_diff(old, new)
 
 
-# ------------------------------------------------------------------------------------- git
-
-
-def _git(root: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
-        )
-    except FileNotFoundError as err:
-        raise RegistrationError(
-            "git is not installed (or not on PATH); it is needed to check claim registrations"
-        ) from err
-    if proc.returncode == 128 and "not a git repository" in proc.stderr:
-        raise RegistrationError(
-            f"{root} is not a git repository; registrations are read from its git history"
-        )
-    if check and proc.returncode != 0:
-        msg = " ".join(proc.stderr.split()) or f"exit {proc.returncode}"
-        raise RegistrationError(f"git {' '.join(args)} failed in {root}: {msg}")
-    return proc
-
-
-def _require_repo(root: Path | str) -> None:
-    if not Path(root).is_dir():
-        raise RegistrationError(f"{root} is not a git repository (no such folder)")
-    _git(root, "rev-parse", "--git-dir")
-
-
-def resolve(root: Path | str, rev: str) -> str | None:
-    """The full hash of commit ``rev``, or None when there is no such commit."""
-    proc = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
-
-
-def _head(root: Path | str) -> str:
-    return resolve(root, "HEAD") or ""
-
-
-# Cached by HEAD (the history a log walks) or by full commit hashes: both never change.
-@lru_cache(maxsize=4096)
-def _log(root: str, head: str, *args: str) -> tuple[str, ...]:
-    if not head:
-        return ()
-    return tuple(_git(root, "log", *args).stdout.split())
-
-
-@lru_cache(maxsize=1024)
-def _file_at(root: str, commit: str, rel: str) -> str | None:
-    proc = _git(root, "show", f"{commit}:{rel}", check=False)
-    return proc.stdout if proc.returncode == 0 else None
-
-
-@lru_cache(maxsize=1024)
-def _yaml_at(root: str, commit: str, rel: str) -> Any:
-    text = _file_at(root, commit, rel)
-    if text is None:
-        return None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        return yaml.load(text, Loader=loader)
-    except yaml.YAMLError:
-        return None
-
-
-@lru_cache(maxsize=65536)
-def _is_ancestor(root: str, older: str, newer: str) -> bool:
-    proc = _git(root, "merge-base", "--is-ancestor", older, newer, check=False)
-    return proc.returncode == 0
-
-
-def first_added(root: Path | str, path: str) -> str | None:
-    """The full hash of the oldest commit (in HEAD's history) that added ``path``, relative to
-    ``root``; None when no commit added it (untracked, or only staged)."""
-    _require_repo(root)
-    log = _log(str(root), _head(root), "--diff-filter=A", "--format=%H", "--", path)
-    return log[-1] if log else None
-
-
-def is_strict_ancestor(root: Path | str, older: str, newer: str) -> bool:
-    """Whether commit ``older`` is an ancestor of ``newer`` and not the same commit."""
-    _require_repo(root)
-    old, new = resolve(root, older), resolve(root, newer)
-    if old is None or new is None or old == new:
-        return False
-    return _is_ancestor(str(root), old, new)
-
-
 def entry_at(
     root: Path | str, commit: str, claims_rel: str, entry_id: str
 ) -> Mapping[str, Any] | None:
     """The raw entry ``entry_id`` of ``claims_rel`` (``behaviours`` or ``diagnoses``) as of
     ``commit``; None when the file or the entry is not there."""
-    full = commit if _FULL_HASH.fullmatch(commit) else resolve(root, commit)
-    doc = _yaml_at(str(root), full, claims_rel) if full else None
+    full = commit if FULL_HASH.fullmatch(commit) else resolve(root, commit)
+    doc = yaml_at(str(root), full, claims_rel) if full else None
     if not isinstance(doc, Mapping):
         return None
     for section in SECTIONS:
@@ -294,8 +230,8 @@ def data_files(entry: Mapping[str, Any], folder: Path, prefix: str) -> list[str]
 
 def repo_top(folder: Path) -> Path:
     """The top of the git repository holding ``folder`` (:class:`RegistrationError` if none)."""
-    _require_repo(folder)
-    return Path(_git(folder, "rev-parse", "--show-toplevel").stdout.strip())
+    require_repo(folder)
+    return Path(git(folder, "rev-parse", "--show-toplevel").stdout.strip())
 
 
 def check_registration(
@@ -309,7 +245,7 @@ def check_registration(
     """What is wrong with ``protocol.registered: <registered>`` for ``entry_id`` (empty: it
     holds). ``claims_rel`` and ``data_files`` are relative to ``root`` (the repository's top).
     ``after-data`` declares no registration, so there is nothing to check against."""
-    _require_repo(root)
+    require_repo(root)
     if registered == AFTER_DATA:
         return []
     commit = resolve(root, registered)
@@ -324,6 +260,7 @@ def check_registration(
         diff = design_diff(design(old), design(current_entry))
         if diff:
             problems.append(f"{entry_id}: the design changed since {short}: {', '.join(diff)}")
+        problems += _chosen_among_lowered(root, claims_rel, entry_id, commit, current_entry)
     for rel in data_files:
         added = first_added(root, rel)
         if added is None:
@@ -336,15 +273,45 @@ def check_registration(
     return problems
 
 
+def _chosen_among(entry: Mapping[str, Any] | None) -> int:
+    """An entry's ``protocol.chosen_among`` as an int (1 when unstated or unreadable)."""
+    protocol = entry.get("protocol") if isinstance(entry, Mapping) else None
+    try:
+        return int(protocol.get("chosen_among") or 1) if isinstance(protocol, Mapping) else 1
+    except (TypeError, ValueError):
+        return 1
+
+
+def _chosen_among_lowered(
+    root: Path, claims_rel: str, entry_id: str, registered: str, current: Mapping[str, Any]
+) -> list[str]:
+    """``chosen_among`` may be raised after the registration, never lowered: the current value
+    must be at least the largest any commit since the registration gave it (a choice paid for
+    once stays paid for)."""
+    now = _chosen_among(current)
+    since = log(str(root), head(root), "--format=%H", f"{registered}..HEAD", "--", claims_rel)
+    worst, where = now, ""
+    for commit in since:
+        was = _chosen_among(entry_at(root, commit, claims_rel, entry_id))
+        if was > worst:
+            worst, where = was, commit[:12]
+    if worst > now:
+        return [
+            f"{entry_id}: protocol.chosen_among is {now}, but commit {where} had {worst}: "
+            "a choice paid for may not be unpaid"
+        ]
+    return []
+
+
 def first_registration(
     root: Path | str, claims_rel: str, entry_id: str, current_entry: Mapping[str, Any]
 ) -> str | None:
     """The oldest commit C touching ``claims_rel`` such that at C and at every later commit
     touching it the entry holds the current design; None when the newest one does not."""
-    _require_repo(root)
+    require_repo(root)
     now = design(current_entry)
     found = None
-    for commit in _log(str(root), _head(root), "--format=%H", "--", claims_rel):
+    for commit in log(str(root), head(root), "--format=%H", "--", claims_rel):
         old = entry_at(root, commit, claims_rel, entry_id)
         if old is None or not same_design(design(old), now):
             break

@@ -187,7 +187,7 @@ def fill(text: str, contents: dict[str, str], name: Path) -> str:
     markers gets its headline blocks alone: ``headline`` (all papers) and ``headline:<Paper>``
     (a paper page's headline method claims). Any page may hold ``table:<id>`` blocks (a paper's
     table beside fedcomm's numbers, :mod:`.paper_tables`); each one it holds is refilled."""
-    text = fill_tables(text, contents, name)
+    text, tables = fill_tables(text, contents, name)
     if all(m not in text for m in MARKERS["verdicts"]):
         found = False
         for block in ("headline", *(f"headline:{p}" for p in PAPERS)):
@@ -197,7 +197,7 @@ def fill(text: str, contents: dict[str, str], name: Path) -> str:
             if text.find(end) < text.find(begin):
                 raise InputError(f"{name}: marker {begin} must come before {end}")
             text, found = _replace(text, begin, end, contents[block]), True
-        if found or "<!-- table:" in text:
+        if found or tables:
             return text
     missing = []
     for block, (begin, end) in MARKERS.items():

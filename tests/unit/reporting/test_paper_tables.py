@@ -47,7 +47,7 @@ TABLE: dict[str, Any] = {
     "rows": [
         {"run": "dense", "label": "Dense", "paper": "95.06"},
         {"run": "sparse", "label": "Sparse", "paper": "95.20"},
-        {"run": "later", "label": "Later", "paper": "–"},
+        {"run": "other", "label": "Other", "paper": "–", "curves": "data/other.csv"},
     ],
 }
 
@@ -59,6 +59,9 @@ def _setup(tmp_path: Path, table: dict[str, Any] | None = None, last_k: int = 2)
     for seed in (0, 1, 2):
         rows = [ROWS[0]] + [r for r in ROWS[1:] if r.split(",")[1] == str(seed)]
         (tmp_path / "data" / f"t_s{seed}.csv").write_text("\n".join(rows) + "\n")
+    # a run kept in another file (a row's own curves): seed 0 only, 3 rounds of 1 GiB
+    other = [ROWS[0]] + [f"other,0,{r},0.{r},{r}.0,{2**29 * r}" for r in (1, 2, 3)]
+    (tmp_path / "data" / "other.csv").write_text("\n".join(other) + "\n")
     (tmp_path / "fedbiad.md").write_text(PAGE)
     doc = {
         "rule": {"alpha": 0.05, "last_k": last_k},
@@ -87,14 +90,26 @@ def test_a_table_is_computed_from_the_curves(tmp_path: Path) -> None:
     # sparse has seeds 0 and 1 only, says so; its 6 rounds spend 1.5 GiB: the cap is not reached
     assert "60.50 ± 0.50 (2 of 3 seeds)" in lines["Sparse"]
     assert "not reached (the runs end inside it)" in lines["Sparse"]
-    assert lines["Later"] == "| Later | pending | pending | pending | – |"
+    # its own file: seed 0 only; final (0.2 + 0.3) / 2, last 3 GiB, best within 2 GiB 0.2
+    assert (
+        lines["Other"]
+        == "| Other | 25.00 (1 of 3 seeds) | 3.00 (1 of 3 seeds) | 20.00 (1 of 3 seeds) | – |"
+    )
     assert "mean of its last 2 evaluations" in text and "within 2 GiB (cumulative upload +" in text
 
 
 def test_a_table_before_its_curves_exist_is_pending(tmp_path: Path) -> None:
     path = _setup(tmp_path, {**TABLE, "curves": "data/none_s*.csv"})
     (text,) = table_blocks(load_registry(path)).values()
-    assert text.count("| pending | pending | pending |") == 3
+    assert text.count("| pending | pending | pending |") == 2  # Other reads its own file
+
+
+def test_a_typo_in_a_table_is_an_error_not_a_pending_row(tmp_path: Path) -> None:
+    rows = [*TABLE["rows"][:2], {"run": "sparce", "label": "typo"}]
+    with pytest.raises(ClaimsError, match="run 'sparce' is not a run of data/t_s"):
+        table_blocks(load_registry(_setup(tmp_path, {**TABLE, "rows": rows})))
+    with pytest.raises(ClaimsError, match="no such file"):
+        table_blocks(load_registry(_setup(tmp_path, {**TABLE, "curves": "data/t.csv"})))
 
 
 def test_verdicts_fills_a_pages_table_and_check_catches_a_hand_edit(tmp_path: Path) -> None:
@@ -114,8 +129,9 @@ def test_verdicts_fills_a_pages_table_and_check_catches_a_hand_edit(tmp_path: Pa
     ("page", "says"),
     [
         ("<!-- table:t9:begin -->\n<!-- table:t9:end -->\n", "names no table of the registry"),
-        ("<!-- table:t1:end -->\n<!-- table:t1:begin -->\n", "must come before"),
-        ("<!-- table:t1:begin -->\n", "must come before"),
+        ("<!-- table:t1:end -->\n<!-- table:t1:begin -->\n", "found end, begin"),
+        ("<!-- table:t1:begin -->\n", "found begin"),
+        (PAGE + PAGE, "found begin, end, begin, end"),
     ],
 )
 def test_a_bad_table_marker_is_one_line(tmp_path: Path, page: str, says: str) -> None:
@@ -132,6 +148,14 @@ def test_a_bad_table_marker_is_one_line(tmp_path: Path, page: str, says: str) ->
     [
         ({"columns": [{"metric": "m", "label": "x", "colour": 1}]}, "unknown key (allowed: metric"),
         ({"columns": [{"metric": "m", "label": "x", "within_gib": 1.0}]}, "go together"),
+        (
+            {
+                "columns": [
+                    {"metric": "m", "label": "x", "within_gib": 1.0, "axis": "up"} | {"at": "last"}
+                ]
+            },
+            "a capped column takes the best",
+        ),
         ({"rows": [{"run": "a", "label": "A"}, {"run": "a", "label": "B"}]}, "each run once"),
         ({"seeds": []}, "seeds"),
         ({"page": "missing.md"}, "is not a file beside it"),
@@ -150,3 +174,16 @@ def test_a_metric_the_curves_lack_is_named(tmp_path: Path) -> None:
     table = {**TABLE, "columns": [{"metric": "topk_accuracy", "label": "top-3"}]}
     with pytest.raises(ClaimsError, match="has no column 'topk_accuracy'"):
         table_blocks(load_registry(_setup(tmp_path, table)))
+
+
+def test_a_page_of_tables_alone_needs_no_verdict_markers_but_a_readme_does(tmp_path: Path) -> None:
+    """A paper page may hold table blocks and nothing else; a page with the verdict tables'
+    markers still needs every one of them (a mention of the table syntax in prose is not a
+    block)."""
+    path = _setup(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# R\n\n<!-- verdicts:begin -->\n<!-- verdicts:end -->\n\nsee `<!-- table:<id> -->`\n"
+    )
+    result = CliRunner().invoke(app, ["verdicts", str(path), "--write", str(readme)])
+    assert result.exit_code == 2 and "missing marker(s)" in result.output

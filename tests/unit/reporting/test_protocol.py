@@ -112,6 +112,36 @@ def test_a_design_changed_after_its_registration_is_refused(tmp_path: Path) -> N
         decide(load_registry(claims))
 
 
+def test_chosen_among_may_be_raised_after_the_registration_never_lowered(tmp_path: Path) -> None:
+    """Paying for a choice made on the claim's own seeds (``chosen_among``) is allowed after
+    the registration; taking the payment back, even to the registered value, is refused, with
+    the commit that had it; other protocol keys stay fixed."""
+    claims = _registered(_registry(tmp_path, BEHAVIOURS[:1]))
+    root = claims.parent
+    protocol = yaml.safe_load(claims.read_text())["behaviours"][0]["protocol"]
+    _edit(claims, "behaviours", 0, protocol={**protocol, "chosen_among": 3})
+    (paid,) = decide(load_registry(claims))
+    assert paid.paired is not None and paid.paired.alpha == pytest.approx(0.05 / 3)
+    _git(root, "add", "claims.yaml")
+    _git(root, "commit", "-q", "-m", "pay for a choice")
+    paying = _git(root, "rev-parse", "HEAD")[:12]
+    for lowered in (2, None):
+        back = {**protocol, "chosen_among": lowered} if lowered else protocol
+        _edit(claims, "behaviours", 0, protocol=back)
+        with pytest.raises(ClaimsError, match=f"commit {paying} had 3"):
+            decide(load_registry(claims))
+    _edit(claims, "behaviours", 0, protocol={**protocol, "chosen_among": 4})
+    assert decide(load_registry(claims))[0].paired is not None
+    _edit(
+        claims,
+        "behaviours",
+        0,
+        protocol={**protocol, "chosen_among": 4, "spending": "obrien_fleming"},
+    )
+    with pytest.raises(ClaimsError, match=r"the design changed since .*: protocol.spending"):
+        decide(load_registry(claims))
+
+
 def test_n_is_the_design_fewer_seeds_wait_more_are_refused(tmp_path: Path) -> None:
     four = {"n": 4, "measure": "final", "registered": "after-data"}
     two = {"n": 3, "measure": "final", "registered": "after-data"}
