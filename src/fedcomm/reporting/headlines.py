@@ -63,7 +63,7 @@ def headline_claims(registry: Registry, decided: list[Decided], base: Path) -> s
         for d in rows:
             verdict = d.verdict if not d.waiting else f"pending, {d.waiting}"
             extra = [] if d.standing.counted else [d.standing.text()]
-            if d.sensitivity and d.verdict == REPRODUCED:
+            if d.sensitivity:  # every decided verdict carries its mark, not only a pass
                 extra.append(d.sensitivity.split(" (")[0])
             more = f" ({'; '.join(extra)})" if extra else ""
             items.append(f"{cell(d.behaviour.claim)}: **{verdict}**{more}")
@@ -95,7 +95,8 @@ def paper_headline(paper: str, registry: Registry, decided: list[Decided], base:
     done = sum(d.verdict == REPRODUCED for d in counted)
     lines += [
         "",
-        f"Of this paper's {len(mine)} behaviours, {len(counted)} are counted in the headline "
+        f"Of this paper's {len(mine)} behaviours, {len(counted)} "
+        f"{'is' if len(counted) == 1 else 'are'} counted in the headline "
         f"({done} reproduced); the others were registered after their data or rest on typed "
         "per-seed numbers.",
     ]

@@ -290,6 +290,17 @@ def test_headline_claims_per_paper_and_a_headline_only_page(tmp_path: Path) -> N
     assert "| Paper | Claim |" not in text  # the tables stay on the reproductions page
 
 
+def test_a_headline_claim_that_fails_shows_its_sensitivity_mark_too(tmp_path: Path) -> None:
+    failing = dict(BEHAVIOURS[0], headline=True, direction="less")
+    claims = _registered(_registry(tmp_path, [failing]))
+    registry = load_registry(claims)
+    (dec,) = decide(registry)
+    assert dec.verdict == "not reproduced" and dec.sensitivity
+    mark = dec.sensitivity.split(" (")[0]
+    line = f"- **[FedBIAD](fedbiad.md)**: claim curves-case: **not reproduced** ({mark})."
+    assert line in blocks(registry, [dec], tmp_path)["verdicts"]
+
+
 def test_a_paper_page_gets_its_own_headline_claims(tmp_path: Path) -> None:
     first = dict(BEHAVIOURS[0], headline=True)
     claims = _registered(_registry(tmp_path, [first, *BEHAVIOURS[1:]]))
