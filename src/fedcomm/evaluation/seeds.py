@@ -16,7 +16,7 @@ def _is_number(value: Any) -> bool:
     return not math.isnan(value)
 
 
-def _mean_se(values: Sequence[float]) -> dict[str, float | int | None]:
+def mean_se(values: Sequence[float]) -> dict[str, float | int | None]:
     """Mean and standard error (``stdev(ddof=1) / sqrt(n)``; 0 for one value)."""
     n = len(values)
     if n == 0:
@@ -31,7 +31,7 @@ def _aggregate(nodes: Sequence[Any]) -> Any:
     if dicts:
         keys = list(dict.fromkeys(k for d in dicts for k in d))
         return {k: _aggregate([d.get(k) for d in dicts]) for k in keys}
-    return _mean_se([float(v) for v in nodes if _is_number(v)])
+    return mean_se([float(v) for v in nodes if _is_number(v)])
 
 
 def aggregate_seeds(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -6,13 +6,13 @@ seed's final (the mean of the rule's last k evaluations, as a verdict takes it) 
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
 import polars as pl
 
 from fedcomm.evaluation.caps import CAP_AXIS_WORDS
+from fedcomm.evaluation.seeds import mean_se
 from fedcomm.reporting.claims_schema import ClaimsError, Registry, Rule, Source
 from fedcomm.reporting.paper_table_schema import Column, PaperTable
 from fedcomm.reporting.sources import Files, resolve
@@ -22,15 +22,6 @@ def markers(table_id: str) -> tuple[str, str]:
     return f"<!-- table:{table_id}:begin -->", f"<!-- table:{table_id}:end -->"
 
 
-def _mean_se(values: list[float]) -> tuple[float, float | None]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
 def cell(values: dict[int, float], col: Column, seeds: list[int], ran: set[int]) -> str:
     """``mean ± SE`` of one column over the seeds that have it (their count when fewer than
     the table's); when none has, ``not reached`` for a cap the seeds that ran (``ran``) never
@@ -38,8 +29,9 @@ def cell(values: dict[int, float], col: Column, seeds: list[int], ran: set[int])
     got = [values[s] * col.scale for s in seeds if s in values]
     if not got:
         return "not reached (the runs end inside it)" if col.within_gib and ran else "pending"
-    mean, se = _mean_se(got)
-    text = f"{mean:.{col.digits}f}" + ("" if se is None else f" ± {se:.{col.digits}f}")
+    pooled = mean_se(got)
+    mean, se = float(pooled["mean"] or 0.0), float(pooled["se"] or 0.0)
+    text = f"{mean:.{col.digits}f}" + (f" ± {se:.{col.digits}f}" if len(got) > 1 else "")
     return text if len(got) == len(seeds) else f"{text} ({len(got)} of {len(seeds)} seeds)"
 
 
